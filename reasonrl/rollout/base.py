@@ -1,0 +1,29 @@
+"""The Generator protocol: every rollout backend turns token prompts into a RolloutBatch."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from reasonrl.types import RolloutBatch, SamplingParams
+
+
+class Generator(Protocol):
+    """Samples ``n`` responses for each prompt.
+
+    ``prompts`` are token id lists (no padding). The result's row ``i * n + j`` is sample
+    j of prompt i; ``generator`` seeds all sampling so that a call is reproducible.
+    ``sync_weights`` is called after each update when the generator holds its own copy
+    of the policy weights (a backend that shares the trainer's module does nothing).
+    """
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> RolloutBatch: ...
+
+    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...

@@ -1,0 +1,160 @@
+"""The data that flows between stages, with shapes.
+
+B = number of samples (prompts x samples per prompt), P = padded prompt length,
+T = padded response length. Prompts are left-padded, responses right-padded, so the
+first response token of every row sits at column P of ``prompt_ids ++ response_ids``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One problem: the text shown to the model and what a correct answer is.
+
+    ``text`` is either a plain string or a list of chat messages
+    (``[{"role": ..., "content": ...}]``) as in the verl/DAPO parquet layout.
+    """
+
+    id: str
+    text: str | list[dict[str, str]]
+    ground_truth: str
+    data_source: str = "embedded"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: ``temperature == 0`` means greedy decoding.
+
+    Log-probs are always those of ``log_softmax(logits / temperature)`` (temperature 1
+    for greedy), before top-p / top-k truncation, which is what the trainer recomputes.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 32
+
+
+@dataclass
+class RolloutBatch:
+    """What a Generator returns. Row ``i * n + j`` is sample j of prompt i.
+
+    prompt_ids:    [B, P] long, left-padded with the pad id
+    prompt_mask:   [B, P] long, 1 on real prompt tokens
+    response_ids:  [B, T] long, right-padded with the pad id
+    response_mask: [B, T] float, 1 on generated tokens (the EOS token included)
+    logprobs:      [B, T] float, sampling log-probs of the generated tokens (0 on padding)
+    eos:           [B] bool, the sample ended with the EOS token
+    truncated:     [B] bool, the sample hit max_new_tokens without EOS
+    group_ids:     [B] long, index of the prompt the sample answers
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    eos: torch.Tensor
+    truncated: torch.Tensor
+    group_ids: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B] long: number of generated tokens per sample (EOS included)."""
+        return self.response_mask.sum(-1).long()
+
+    def select(self, index: torch.Tensor) -> "RolloutBatch":
+        """Rows ``index`` (a [K] long tensor) of every field."""
+        return RolloutBatch(**{k: getattr(self, k)[index] for k in _ROLLOUT_FIELDS})
+
+
+_ROLLOUT_FIELDS = (
+    "prompt_ids",
+    "prompt_mask",
+    "response_ids",
+    "response_mask",
+    "logprobs",
+    "eos",
+    "truncated",
+    "group_ids",
+)
+
+
+@dataclass
+class ScoredBatch:
+    """A rollout with its prompts, decoded responses and rewards.
+
+    prompts:      the B prompts, one per row (repeated n times)
+    texts:        the B decoded responses (special tokens stripped)
+    scores:       [B] float, sequence-level reward (after any length shaping)
+    acc:          [B] bool, the answer was correct
+    failed:       [B] bool, the reward function raised or timed out
+    """
+
+    rollout: RolloutBatch
+    prompts: list[Prompt]
+    texts: list[str]
+    scores: torch.Tensor
+    acc: torch.Tensor
+    failed: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return self.rollout.size
+
+    def select(self, index: torch.Tensor) -> "ScoredBatch":
+        rows = index.tolist()
+        return replace(
+            self,
+            rollout=self.rollout.select(index),
+            prompts=[self.prompts[i] for i in rows],
+            texts=[self.texts[i] for i in rows],
+            scores=self.scores[index],
+            acc=self.acc[index],
+            failed=self.failed[index],
+        )
+
+    @staticmethod
+    def concat(batches: list["ScoredBatch"], pad_id: int) -> "ScoredBatch":
+        """Stack batches row-wise, re-padding prompts (left) and responses (right).
+
+        Group ids are renumbered so that groups of different batches stay distinct.
+        """
+        if len(batches) == 1:
+            return batches[0]
+        P = max(b.rollout.prompt_ids.shape[1] for b in batches)
+        T = max(b.rollout.response_ids.shape[1] for b in batches)
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in _ROLLOUT_FIELDS}
+        offset = 0
+        for b in batches:
+            r = b.rollout
+            lp, rp = P - r.prompt_ids.shape[1], T - r.response_ids.shape[1]
+            parts["prompt_ids"].append(torch.nn.functional.pad(r.prompt_ids, (lp, 0), value=pad_id))
+            parts["prompt_mask"].append(torch.nn.functional.pad(r.prompt_mask, (lp, 0)))
+            parts["response_ids"].append(torch.nn.functional.pad(r.response_ids, (0, rp), value=pad_id))
+            parts["response_mask"].append(torch.nn.functional.pad(r.response_mask, (0, rp)))
+            parts["logprobs"].append(torch.nn.functional.pad(r.logprobs, (0, rp)))
+            parts["eos"].append(r.eos)
+            parts["truncated"].append(r.truncated)
+            parts["group_ids"].append(r.group_ids + offset)
+            offset += int(r.group_ids.max().item()) + 1 if r.size else 0
+        rollout = RolloutBatch(**{k: torch.cat(v) for k, v in parts.items()})
+        return ScoredBatch(
+            rollout=rollout,
+            prompts=[p for b in batches for p in b.prompts],
+            texts=[t for b in batches for t in b.texts],
+            scores=torch.cat([b.scores for b in batches]),
+            acc=torch.cat([b.acc for b in batches]),
+            failed=torch.cat([b.failed for b in batches]),
+        )

@@ -1,0 +1,253 @@
+"""Run-directory logging: the ``metrics.jsonl`` sink, TensorBoard, a progress bar, events.
+
+    with MetricsSink(run_dir, total_steps=100) as sink:
+        sink.truncate_after(resumed_step)          # when resuming from a checkpoint
+        timings = {}
+        with timed(timings, "gen"):
+            ...
+        sink.log(step, {"critic/score/mean": 0.4, **timings})
+
+Each line of ``metrics.jsonl`` and ``events.jsonl`` is one JSON object with sorted keys.
+Non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so every
+line stays valid JSON; ``read_jsonl`` turns them back into floats. Lines are flushed and
+fsynced as they are written, so a killed process loses at most the line being written,
+and that partial line is dropped by ``read_jsonl`` and by the next ``MetricsSink``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from tqdm import tqdm
+
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float (also inside dicts and lists) replaced by its string."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _dumps(obj: dict[str, Any]) -> str:
+    """One JSONL line (with its newline): sorted keys, non-finite floats as strings."""
+    return json.dumps(_json_safe(obj), sort_keys=True, allow_nan=False, default=str) + "\n"
+
+
+def _decode_non_finite(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in obj.items()}
+
+
+def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """Rows of a JSONL file and whether the file ends cleanly (a newline after the last row).
+
+    An unterminated last line that does not parse is a write cut short and is dropped; any
+    other unparsable line is an error naming the file and line number.
+    """
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    tail = lines.pop()  # "" when the file ends with a newline
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line, object_hook=_decode_non_finite))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: line {number} is not valid JSON ({err.msg})") from err
+    if not tail.strip():
+        return rows, True
+    try:
+        rows.append(json.loads(tail, object_hook=_decode_non_finite))
+    except json.JSONDecodeError:
+        pass
+    return rows, False
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All rows of a JSONL file, dropping a trailing partial line and decoding "nan"/"inf"/"-inf"."""
+    return _parse_lines(Path(path))[0]
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename inside ``directory`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rewrite_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Atomically replace ``path`` with ``rows``: write a temporary file, fsync, rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(_dumps(row) for row in rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _drop_partial_line(path: Path) -> None:
+    """If ``path`` does not end with a newline, rewrite it without a trailing partial line."""
+    if path.exists():
+        rows, clean = _parse_lines(path)
+        if not clean:
+            _rewrite_jsonl(path, rows)
+
+
+def _append_line(f, obj: dict[str, Any]) -> None:
+    f.write(_dumps(obj))
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _scalar(key: str, value: Any) -> int | float:
+    """A metric value as an int or float (numpy and 0-d torch scalars included)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"metric {key!r}: expected a number, got {value!r}") from err
+
+
+class MetricsSink:
+    """Writes one row per step to ``metrics.jsonl``, TensorBoard and a progress bar.
+
+    ``step`` is the number of completed training steps (the first step logs 1). Opening a
+    run directory whose ``metrics.jsonl`` ends in a partial line (a kill mid-write) drops
+    that line. On resume call ``truncate_after(step)`` with the checkpoint's step so rows
+    from steps that will be redone disappear from the file and from TensorBoard.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        total_steps: int,
+        progress: bool = True,
+        tensorboard: bool = True,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._tensorboard = tensorboard
+        self._writer = None
+        self._purge_step: int | None = None
+        self._latest_val: float | None = None
+        _drop_partial_line(self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._bar = tqdm(total=total_steps, file=sys.stderr, unit="step", dynamic_ncols=True) if progress else None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append ``{"step": step, **metrics}`` durably, then update TensorBoard and the bar."""
+        values = {key: _scalar(key, value) for key, value in metrics.items() if key != "step"}
+        _append_line(self._file, {"step": step, **values})
+        if self._tensorboard:
+            writer = self._tb_writer()
+            for key, value in values.items():
+                writer.add_scalar(key, value, global_step=step)
+            writer.flush()
+        if self._bar is not None:
+            self._update_bar(step, values)
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only rows with ``row["step"] <= step`` (atomic rewrite) and purge later
+        TensorBoard events; a no-op on the file when no row is past ``step``."""
+        rows = read_jsonl(self.path)
+        kept = [row for row in rows if row["step"] <= step]
+        if len(kept) < len(rows):
+            self._file.close()
+            _rewrite_jsonl(self.path, kept)
+            self._file = open(self.path, "a", encoding="utf-8")
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._purge_step = step + 1
+        vals = [row["val/acc"] for row in kept if "val/acc" in row]
+        self._latest_val = vals[-1] if vals else None
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+
+    def close(self) -> None:
+        """Close the file, the TensorBoard writer and the progress bar."""
+        self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._bar is not None:
+            self._bar.close()
+
+    def __enter__(self) -> MetricsSink:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _tb_writer(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=self._purge_step)
+            self._purge_step = None
+        return self._writer
+
+    def _update_bar(self, step: int, values: dict[str, int | float]) -> None:
+        if "val/acc" in values:
+            self._latest_val = values["val/acc"]
+        shown = {
+            "reward": values.get("critic/score/mean"),
+            "acc": values.get("train/acc"),
+            "val": self._latest_val,
+        }
+        self._bar.set_postfix({k: f"{v:.3f}" for k, v in shown.items() if v is not None}, refresh=False)
+        self._bar.update(step - self._bar.n)
+
+
+class EventLog:
+    """Appends faults, restarts and warnings to ``run_dir/events.jsonl``, one durable line each.
+
+    A partial last line left by a kill mid-write is dropped when the log is opened.
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / "events.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_partial_line(self.path)
+
+    def emit(self, kind: str, step: int | None, **fields: Any) -> None:
+        """Append ``{"time": unix time, "kind": kind, "step": step, **fields}``."""
+        with open(self.path, "a", encoding="utf-8") as f:
+            _append_line(f, {"time": time.time(), "kind": kind, "step": step, **fields})
+
+
+@contextmanager
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Add the seconds spent in the block to ``timings[f"timing_s/{name}"]`` (accumulating)."""
+    key = f"timing_s/{name}"
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[key] = timings.get(key, 0.0) + time.perf_counter() - start

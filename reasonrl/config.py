@@ -1,15 +1,34 @@
 """One frozen dataclass tree for a run, loaded from a YAML recipe plus dotted overrides.
 
     cfg = load("recipes/dapo.yaml", ["train.total_steps=50", "algo.eps_high=0.28"])
+    dump(cfg, "runs/demo/config.yaml")          # load() reads it back to an equal Config
+    config_hash(cfg)                            # refuses resuming with an incompatible config
 
 Every field is documented where it is declared. ``load`` rejects unknown keys (with the
-nearest valid key), wrong types and impossible values, naming the dotted key.
+nearest valid key), wrong types and impossible values, naming the source, the dotted key,
+the bad value and what is allowed. The loader walks ``dataclasses.fields`` and the type
+hints, so a new field needs no loader change; field types may be ``bool``, ``int``,
+``float``, ``str``, ``Literal[...]``, ``X | None``, ``tuple[X, ...]`` and nested dataclasses.
+
+Values, in recipes and overrides alike, are YAML with YAML 1.2 scalars: only
+``true``/``false`` are booleans (``yes`` is a string, hence an error for a bool field) and
+``3e-4`` is a float (PyYAML's YAML 1.1 rules would read it as a string).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, Optional
+import difflib
+import functools
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from types import UnionType
+from typing import Any, Callable, Literal, Optional, Sequence, Union, get_args, get_origin, get_type_hints
+
+import yaml
 
 
 @dataclass(frozen=True)
@@ -179,3 +198,378 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+class ConfigError(ValueError):
+    """A recipe, override or value that no run can use. The message names the source (the
+    file and line, or "command line"), the dotted key, the bad value and what is allowed."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+        """The dotted key at fault, when there is one."""
+
+
+def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    """The validated Config of a YAML recipe (None: defaults only) plus ``dotted.key=value``
+    overrides, applied in order after the recipe.
+
+    The recipe holds sections of the tree (``algo:`` with ``eps_high: 0.28`` under it) or
+    dotted keys (``algo.eps_high: 0.28``). An override value is YAML (``train.lr=3e-4``,
+    ``algo.dual_clip=null``, ``data.families=[add,mul]``; a tuple also takes
+    ``data.families=add,mul``); an override of a section (``algo={eps_high: 0.28}``) sets
+    only the keys it names. Raises ConfigError.
+    """
+    leaves: dict[str, tuple[Any, str]] = {}
+    if path is not None:
+        _read_recipe(Path(path), leaves)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"command line: {item!r} is not an override of the form dotted.key=value")
+        try:
+            value = yaml.load(text, Loader=_Loader)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"command line: {key} = {text!r}: not a YAML value ({_problem(err)})", key) from None
+        _collect({key: value}, Config, "", lambda _: "command line", leaves)
+    cfg = _build(Config, leaves, "")
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        if err.key in leaves:
+            raise ConfigError(f"{leaves[err.key][1]}: {err}", err.key) from None
+        raise
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError on the first value no run can use: the ranges in ``_RANGES``, then
+    the rules that tie several keys together."""
+    r, a, t, s = cfg.rollout, cfg.algo, cfg.train, cfg.sft
+    for key, (ok, allowed) in _RANGES.items():
+        value = functools.reduce(getattr, key.split("."), cfg)
+        _require(ok(value), key, value, f"must be {allowed}")
+    batch = t.prompts_per_step * r.n
+    _require(batch % t.mini_batch_size == 0, "train.mini_batch_size", t.mini_batch_size,
+             f"must divide the train batch train.prompts_per_step * rollout.n = {t.prompts_per_step} * {r.n} = {batch}")
+    _require(t.mini_batch_size % t.micro_batch_size == 0, "train.micro_batch_size", t.micro_batch_size,
+             f"must divide train.mini_batch_size = {t.mini_batch_size}")
+    _require(t.gen_prompts_per_step == 0 or t.gen_prompts_per_step >= t.prompts_per_step,
+             "train.gen_prompts_per_step", t.gen_prompts_per_step,
+             f"must be 0 or >= train.prompts_per_step = {t.prompts_per_step}")
+    _require(a.eps_high >= a.eps_low, "algo.eps_high", a.eps_high,
+             f"clip-higher needs eps_high >= eps_low (algo.eps_low = {a.eps_low})")
+    _require(a.overlong_buffer < r.max_new_tokens, "algo.overlong_buffer", a.overlong_buffer,
+             f"the overlong buffer must be shorter than the max response (rollout.max_new_tokens = {r.max_new_tokens})")
+    _require(r.n >= 2 or a.adv_estimator not in _GROUP_RELATIVE, "rollout.n", r.n,
+             f"group-relative estimators need at least 2 samples per prompt (algo.adv_estimator = {a.adv_estimator!r})")
+    _require(r.n >= 2 or not a.dynamic_sampling, "rollout.n", r.n,
+             "dynamic sampling needs at least 2 samples per prompt (algo.dynamic_sampling = true)")
+    _require(s.hidden_size % s.heads == 0, "sft.heads", s.heads, f"must divide sft.hidden_size = {s.hidden_size}")
+    _require(s.heads % s.kv_heads == 0, "sft.kv_heads", s.kv_heads, f"must divide sft.heads = {s.heads}")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The tree as nested plain dicts, tuples as lists (what ``dump`` writes)."""
+    return {f.name: _plain(getattr(cfg, f.name)) for f in fields(cfg)}
+
+
+def dump(cfg: Config, path: str | Path) -> None:
+    """Write cfg as a YAML recipe that ``load`` reads back to an equal Config. The file is
+    replaced atomically, so a crash never leaves half of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def config_hash(
+    cfg: Config,
+    ignore: Sequence[str] = (
+        "run.dir",
+        "run.progress",
+        "train.total_steps",
+        "eval.every_steps",
+        "checkpoint.every_steps",
+        "checkpoint.keep",
+        "run.threads",
+    ),
+) -> str:
+    """sha256 (hex) of the canonical JSON of ``to_dict(cfg)`` without the dotted keys in
+    ``ignore``. A resume refuses a run directory whose hash differs; the default ``ignore``
+    lists the keys a resumed run may change (more total steps, another schedule)."""
+    tree = to_dict(cfg)
+    for key in ignore:
+        *sections, name = key.split(".")
+        del functools.reduce(dict.__getitem__, sections, tree)[name]
+    return hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# --- validation rules ---------------------------------------------------------------
+
+_POSITIVE = (lambda v: v > 0, "> 0")
+_NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
+_AT_LEAST_1 = (lambda v: v >= 1, ">= 1")
+_UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?|mps")
+_GROUP_RELATIVE = ("grpo", "rloo", "dr_grpo", "lite_ppo")
+
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "run.threads": _NON_NEGATIVE,
+    "run.device": (lambda v: _DEVICE.fullmatch(v) is not None, "cpu, cuda, cuda:N or mps"),
+    "data.families": (lambda v: len(v) > 0, "a non-empty list"),
+    "data.train_size": _AT_LEAST_1,
+    "data.test_size": _AT_LEAST_1,
+    "data.max_prompt_len": _AT_LEAST_1,
+    "sft.hidden_size": _AT_LEAST_1,
+    "sft.layers": _AT_LEAST_1,
+    "sft.heads": _AT_LEAST_1,
+    "sft.kv_heads": _AT_LEAST_1,
+    "sft.intermediate_size": _AT_LEAST_1,
+    "sft.lr": _POSITIVE,
+    "sft.batch_size": _AT_LEAST_1,
+    "sft.max_steps": _AT_LEAST_1,
+    "sft.eval_every": _AT_LEAST_1,
+    "sft.eval_size": _AT_LEAST_1,
+    "sft.target_acc": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.n": _AT_LEAST_1,
+    "rollout.temperature": _POSITIVE,
+    "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.top_k": _NON_NEGATIVE,
+    "rollout.max_new_tokens": _AT_LEAST_1,
+    "algo.eps_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "algo.eps_high": _NON_NEGATIVE,
+    "algo.dual_clip": (lambda v: v is None or v > 1, "null or > 1"),
+    "algo.kl_loss_coef": _NON_NEGATIVE,
+    "algo.entropy_coef": _NON_NEGATIVE,
+    "algo.gamma": _UNIT,
+    "algo.lam": _UNIT,
+    "algo.max_gen_batches": _AT_LEAST_1,
+    "algo.overlong_buffer": _NON_NEGATIVE,
+    "algo.overlong_penalty": _NON_NEGATIVE,
+    "train.total_steps": _AT_LEAST_1,
+    "train.prompts_per_step": _AT_LEAST_1,
+    "train.ppo_epochs": _AT_LEAST_1,
+    "train.mini_batch_size": _AT_LEAST_1,
+    "train.micro_batch_size": _AT_LEAST_1,
+    "train.lr": _POSITIVE,
+    "train.warmup_steps": _NON_NEGATIVE,
+    "train.weight_decay": _NON_NEGATIVE,
+    "train.critic_lr": _POSITIVE,
+    "train.value_coef": _NON_NEGATIVE,
+    "eval.every_steps": _NON_NEGATIVE,
+    "eval.n_prompts": _AT_LEAST_1,
+    "eval.k": (lambda v: 1 <= v <= 64, "in [1, 64]"),
+    "eval.temperature": _POSITIVE,
+    "checkpoint.every_steps": _NON_NEGATIVE,
+    "checkpoint.keep": _AT_LEAST_1,
+}
+"""Single-key rules: dotted key -> (predicate, what is allowed). Checked in this order,
+before the cross-key rules in ``validate`` (which may then divide by the sizes)."""
+
+
+def _require(ok: bool, key: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r}: {why}", key)
+
+
+# --- YAML with YAML 1.2 booleans and floats -----------------------------------------
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load`` with YAML 1.2 booleans (only true/false) and floats (``3e-4``)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_BOOL_TAG, _BOOL, list("tTfF"))
+_Loader.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list("-+0123456789."))
+
+
+class _Dumper(yaml.SafeDumper):
+    """``yaml.safe_dump`` that also quotes the strings ``_Loader`` would read as floats, so
+    both ``_Loader`` and plain ``yaml.safe_load`` read the file back unchanged."""
+
+
+_Dumper.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list("-+0123456789."))
+
+
+# --- loading ------------------------------------------------------------------------
+
+
+def _read_recipe(path: Path, leaves: dict[str, tuple[Any, str]]) -> None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the recipe ({err.strerror})") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
+        lines = _key_lines(yaml.compose(text, Loader=_Loader), "", path, {})
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: invalid YAML: {_problem(err)}") from None
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe is a mapping of sections ({', '.join(_field_types(Config))}), "
+                          f"got {type(data).__name__} {data!r}")
+    _collect(data, Config, "", lambda key: f"{path}, line {lines[key]}" if key in lines else str(path), leaves)
+
+
+def _problem(err: yaml.YAMLError) -> str:
+    """The gist of a YAML error, without PyYAML's multi-line excerpt."""
+    return getattr(err, "problem", None) or str(err)
+
+
+def _key_lines(node: yaml.Node | None, prefix: str, path: Path, lines: dict[str, int]) -> dict[str, int]:
+    """{dotted key: 1-based line} for every mapping key under node. A key given twice is an
+    error (PyYAML would keep the last silently)."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = f"{prefix}{key_node.value}"
+            line = key_node.start_mark.line + 1
+            if key in lines:
+                raise ConfigError(f"{path}, line {line}: {key} is given twice (first on line {lines[key]})", key)
+            lines[key] = line
+            _key_lines(value_node, key + ".", path, lines)
+    return lines
+
+
+def _collect(
+    mapping: dict[Any, Any],
+    cls: type,
+    prefix: str,
+    where: Callable[[str], str],
+    leaves: dict[str, tuple[Any, str]],
+) -> None:
+    """Record each leaf of ``mapping`` (the keys of the section ``cls`` at dotted ``prefix``,
+    or dotted paths below it) in ``leaves`` as {dotted key: (value, source)}, later ones
+    replacing earlier ones. Unknown keys and sections given as non-mappings are errors."""
+    types = _field_types(cls)
+    for name, value in mapping.items():
+        key = f"{prefix}{name}"
+        head, _, rest = str(name).partition(".")
+        tp = types.get(head)
+        if tp is None or (rest and not is_dataclass(tp)):
+            match = difflib.get_close_matches(key, _dotted_keys(Config, ""), n=1)
+            hint = f"did you mean {match[0]}?" if match else f"valid keys: {', '.join(prefix + n for n in types)}"
+            raise ConfigError(f"{where(key)}: unknown key {key}; {hint}", key)
+        if rest:
+            _collect({rest: value}, tp, f"{prefix}{head}.", where, leaves)
+        elif is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where(key)}: {key} = {value!r}: {key} is a section and needs a mapping "
+                                  f"of its keys ({', '.join(_field_types(tp))})", key)
+            _collect(value, tp, key + ".", where, leaves)
+        else:
+            leaves[key] = (value, where(key))
+
+
+def _build(cls: type, leaves: dict[str, tuple[Any, str]], prefix: str) -> Any:
+    """An instance of ``cls`` with the recorded leaves below ``prefix`` type-checked, and the
+    defaults elsewhere."""
+    kwargs = {}
+    for name, tp in _field_types(cls).items():
+        key = prefix + name
+        if is_dataclass(tp):
+            kwargs[name] = _build(tp, leaves, key + ".")
+        elif key in leaves:
+            value, where = leaves[key]
+            try:
+                kwargs[name] = _convert(value, tp)
+            except _Mismatch:
+                raise ConfigError(f"{where}: {key} = {value!r}: expected {_describe(tp)}", key) from None
+    return cls(**kwargs)
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    """{field name: resolved type hint} of a dataclass, in declaration order."""
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def _dotted_keys(cls: type, prefix: str) -> list[str]:
+    """Every dotted key of the tree under ``cls``, sections included."""
+    keys = []
+    for name, tp in _field_types(cls).items():
+        keys.append(prefix + name)
+        if is_dataclass(tp):
+            keys += _dotted_keys(tp, f"{prefix}{name}.")
+    return keys
+
+
+# --- types --------------------------------------------------------------------------
+
+_SCALARS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+
+
+class _Mismatch(Exception):
+    """A value that does not fit a field type (turned into a ConfigError by ``_build``)."""
+
+
+def _convert(value: Any, tp: Any) -> Any:
+    """``value`` checked against ``tp``: ints become floats for float fields, lists and
+    comma-separated strings become tuples; anything else that does not fit (a bool for an
+    int, 3.0 for an int, "yes" for a bool) raises _Mismatch."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, UnionType):
+        for arg in args:
+            try:
+                return _convert(value, arg)
+            except _Mismatch:
+                pass
+        raise _Mismatch
+    if origin is Literal:
+        if any(value == a and type(value) is type(a) for a in args):
+            return value
+        raise _Mismatch
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list):
+            raise _Mismatch
+        return tuple(_convert(item, args[0]) for item in value)
+    if tp not in _SCALARS:
+        raise TypeError(f"config field type {tp!r} is not supported by the loader")
+    if tp is float and type(value) is int:
+        return float(value)
+    if type(value) is not tp:
+        raise _Mismatch
+    return value
+
+
+def _describe(tp: Any) -> str:
+    """What ``_convert`` accepts for ``tp``, in words."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, UnionType):
+        return " or ".join(map(_describe, args))
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin is tuple:
+        return f"a list (or a comma-separated string) of items, each {_describe(args[0])}"
+    return _SCALARS[tp]
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value):
+        return to_dict(value)
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value

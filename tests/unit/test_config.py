@@ -1,0 +1,248 @@
+"""Loading, type checking, validation, dump round trip and hashing of the config tree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from reasonrl.config import Config, ConfigError, config_hash, dump, load, to_dict, validate
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error(*args) -> str:
+    with pytest.raises(ConfigError) as info:
+        load(*args)
+    return str(info.value)
+
+
+def test_defaults_load_and_validate():
+    assert load(None) == Config()
+    validate(Config())
+
+
+def test_recipe_and_overrides(tmp_path):
+    path = write(
+        tmp_path,
+        "algo:\n  eps_high: 1\n  dual_clip: 3.0\n  adv_estimator: dr_grpo\n"
+        "data:\n  families: [add, mul]\n"
+        "train.lr: 3e-4\n"
+        "run:\n  progress: false\n",
+    )
+    cfg = load(path, ["algo.dual_clip=null", "algo={eps_low: 0.1}", "run.seed=7", "train.lr=2e-5"])
+    assert cfg.algo.eps_high == 1.0 and isinstance(cfg.algo.eps_high, float)
+    assert cfg.algo.dual_clip is None and cfg.algo.eps_low == 0.1
+    assert cfg.algo.adv_estimator == "dr_grpo"
+    assert cfg.data.families == ("add", "mul")
+    assert cfg.run.progress is False and cfg.run.seed == 7
+    assert cfg.train.lr == 2e-5  # the command line wins over the recipe
+    assert cfg.model == Config().model  # untouched sections keep their defaults
+
+
+def test_tuple_from_comma_separated_override():
+    assert load(None, ["data.families=add, max"]).data.families == ("add", "max")
+    assert load(None, ["data.families=sort"]).data.families == ("sort",)
+
+
+def test_empty_recipe_is_defaults(tmp_path):
+    assert load(write(tmp_path, "# nothing\n")) == Config()
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["train.lr"], ["'train.lr'", "dotted.key=value"]),
+        (["=3"], ["'=3'", "dotted.key=value"]),
+        (["algo.eps_hgih=0.3"], ["command line", "algo.eps_hgih", "did you mean algo.eps_high?"]),
+        (["algoo.eps_high=0.3"], ["algoo.eps_high", "did you mean algo.eps_high?"]),
+        (["run.dir.name=x"], ["run.dir.name", "did you mean run.dir?"]),
+        (["zzz=1"], ["unknown key zzz", "valid keys: run, model, data"]),
+        (["algo=3"], ["algo = 3", "section", "mapping", "eps_high"]),
+        (["train.total_steps=true"], ["train.total_steps = True", "an integer"]),
+        (["train.total_steps=3.0"], ["train.total_steps = 3.0", "an integer"]),
+        (["train.total_steps=abc"], ["train.total_steps = 'abc'", "an integer"]),
+        (["train.lr=abc"], ["train.lr = 'abc'", "a number"]),
+        (["train.lr=true"], ["train.lr = True", "a number"]),
+        (["run.progress=yes"], ["run.progress = 'yes'", "true or false"]),
+        (["run.progress=1"], ["run.progress = 1", "true or false"]),
+        (["run.dir=42"], ["run.dir = 42", "a string"]),
+        (["algo.dual_clip=abc"], ["algo.dual_clip = 'abc'", "a number or null"]),
+        (["algo.adv_estimator=ppo"], ["algo.adv_estimator = 'ppo'", "one of 'grpo', 'dr_grpo'", "'gae'"]),
+        (["model.dtype=fp32"], ["model.dtype = 'fp32'", "'float32', 'bfloat16', 'float16'"]),
+        (["data.families=3"], ["data.families = 3", "a list", "each a string"]),
+        (["data.families=[add, 3]"], ["data.families = ['add', 3]", "each a string"]),
+        (["data.families=[add"], ["command line", "data.families = '[add'", "not a YAML value"]),
+    ],
+)
+def test_override_errors(overrides, expected):
+    message = error(None, overrides)
+    for part in expected:
+        assert part in message, (part, message)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("algo:\n  eps_hgih: 0.3\n", ["line 2", "algo.eps_hgih", "did you mean algo.eps_high?"]),
+        ("run: {}\nalgoo:\n  eps_high: 0.3\n", ["line 2", "unknown key algoo", "did you mean algo?"]),
+        ("algo: 3\n", ["line 1", "algo = 3", "mapping"]),
+        ("algo:\n", ["algo = None", "mapping"]),
+        ("train:\n  lr: fast\n", ["line 2", "train.lr = 'fast'", "a number"]),
+        ("- run\n- algo\n", ["a recipe is a mapping of sections", "run, model"]),
+        ("algo:\n  eps_high: [0.3\n", ["line 3", "invalid YAML"]),
+        ("algo:\n  eps_low: 0.1\n  eps_low: 0.2\n", ["line 3", "algo.eps_low is given twice", "first on line 2"]),
+        ("algo:\n  eps_low: 0.1\nalgo.eps_low: 0.2\n", ["line 3", "algo.eps_low is given twice"]),
+        ("rollout:\n  top_p: 1.5\n", ["line 2", "rollout.top_p = 1.5", "in (0, 1]"]),
+    ],
+)
+def test_recipe_errors_name_file_and_line(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    message = error(path)
+    for part in [str(path), *expected]:
+        assert part in message, (part, message)
+
+
+def test_missing_recipe(tmp_path):
+    assert "cannot read the recipe" in error(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["rollout.top_p=0"], "rollout.top_p = 0.0: must be in (0, 1]"),
+        (["rollout.top_p=1.01"], "rollout.top_p = 1.01: must be in (0, 1]"),
+        (["rollout.temperature=0"], "rollout.temperature = 0.0: must be > 0"),
+        (["train.lr=0"], "train.lr = 0.0: must be > 0"),
+        (["algo.eps_low=1"], "algo.eps_low = 1.0: must be in [0, 1)"),
+        (["algo.eps_low=0", "algo.eps_high=-0.1"], "algo.eps_high = -0.1: must be >= 0"),
+        (["algo.eps_high=0.1"], "algo.eps_high = 0.1: clip-higher needs eps_high >= eps_low (algo.eps_low = 0.2)"),
+        (["algo.dual_clip=1"], "algo.dual_clip = 1.0: must be null or > 1"),
+        (["algo.gamma=1.5"], "algo.gamma = 1.5: must be in [0, 1]"),
+        (["algo.lam=-0.1"], "algo.lam = -0.1: must be in [0, 1]"),
+        (["algo.kl_loss_coef=-1"], "algo.kl_loss_coef = -1.0: must be >= 0"),
+        (["algo.entropy_coef=-1"], "algo.entropy_coef = -1.0: must be >= 0"),
+        (["rollout.n=0"], "rollout.n = 0: must be >= 1"),
+        (["rollout.max_new_tokens=0"], "rollout.max_new_tokens = 0: must be >= 1"),
+        (["train.total_steps=0"], "train.total_steps = 0: must be >= 1"),
+        (["train.prompts_per_step=0"], "train.prompts_per_step = 0: must be >= 1"),
+        (["train.ppo_epochs=0"], "train.ppo_epochs = 0: must be >= 1"),
+        (["train.mini_batch_size=0"], "train.mini_batch_size = 0: must be >= 1"),
+        (["train.micro_batch_size=0"], "train.micro_batch_size = 0: must be >= 1"),
+        (["eval.k=0"], "eval.k = 0: must be in [1, 64]"),
+        (["eval.k=65"], "eval.k = 65: must be in [1, 64]"),
+        (["checkpoint.keep=0"], "checkpoint.keep = 0: must be >= 1"),
+        (["checkpoint.every_steps=-1"], "checkpoint.every_steps = -1: must be >= 0"),
+        (["eval.every_steps=-1"], "eval.every_steps = -1: must be >= 0"),
+        (
+            ["train.mini_batch_size=48"],
+            "train.mini_batch_size = 48: must divide the train batch "
+            "train.prompts_per_step * rollout.n = 16 * 8 = 128",
+        ),
+        (["train.micro_batch_size=24"], "train.micro_batch_size = 24: must divide train.mini_batch_size = 64"),
+        (
+            ["algo.overlong_buffer=32"],
+            "algo.overlong_buffer = 32: the overlong buffer must be shorter than the max response "
+            "(rollout.max_new_tokens = 32)",
+        ),
+        (
+            ["rollout.n=1", "train.mini_batch_size=16"],
+            "rollout.n = 1: group-relative estimators need at least 2 samples per prompt "
+            "(algo.adv_estimator = 'grpo')",
+        ),
+        (
+            ["rollout.n=1", "train.mini_batch_size=16", "algo.adv_estimator=gae", "algo.dynamic_sampling=true"],
+            "rollout.n = 1: dynamic sampling needs at least 2 samples per prompt",
+        ),
+        (
+            ["train.gen_prompts_per_step=8"],
+            "train.gen_prompts_per_step = 8: must be 0 or >= train.prompts_per_step = 16",
+        ),
+        (["sft.target_acc=0"], "sft.target_acc = 0.0: must be in (0, 1]"),
+        (["data.families=[]"], "data.families = (): must be a non-empty list"),
+        (["run.device=gpu"], "run.device = 'gpu': must be cpu, cuda, cuda:N or mps"),
+        (["sft.heads=3"], "sft.heads = 3: must divide sft.hidden_size = 128"),
+        (["sft.kv_heads=3"], "sft.kv_heads = 3: must divide sft.heads = 4"),
+    ],
+)
+def test_validation_errors(overrides, expected):
+    message = error(None, overrides)
+    assert expected in message, message
+    assert message.startswith("command line: ")
+
+
+def test_validation_error_names_the_recipe_line(tmp_path):
+    path = write(tmp_path, "algo:\n  eps_low: 0.1\n  eps_high: 0.05\n")
+    assert error(path).startswith(f"{path}, line 3: algo.eps_high = 0.05: clip-higher")
+
+
+def test_validate_on_a_built_config():
+    cfg = Config()
+    with pytest.raises(ConfigError, match=r"^train\.lr = 0\.0: must be > 0") as info:
+        validate(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=0.0)))
+    assert info.value.key == "train.lr"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["train.mini_batch_size=4", "train.micro_batch_size=4"],  # not a multiple of rollout.n: allowed
+        ["run.device=cuda:1"],
+        ["run.device=mps"],
+        ["algo.eps_high=0.28", "algo.dual_clip=3", "algo.overlong_buffer=8", "train.gen_prompts_per_step=32"],
+        ["rollout.n=1", "train.mini_batch_size=16", "algo.adv_estimator=reinforce_pp"],
+    ],
+)
+def test_valid_configs(overrides):
+    load(None, overrides)
+
+
+def test_dump_round_trip(tmp_path):
+    cfg = load(
+        None,
+        [
+            "run.dir='3e-4'",  # strings that look like other scalars stay strings
+            "reward.fn='yes'",
+            "data.test_source='null'",
+            "data.families=[max, sort]",
+            "algo.dual_clip=3",
+            "algo.eps_high=0.28",
+            "train.lr=1e-10",
+            "sft.lr=.inf",
+            "run.progress=false",
+        ],
+    )
+    path = tmp_path / "run" / "config.yaml"
+    dump(cfg, path)
+    assert load(path) == cfg
+    assert yaml.safe_load(path.read_text(encoding="utf-8")) == to_dict(cfg)
+    assert to_dict(cfg)["data"]["families"] == ["max", "sort"]
+    assert list(tmp_path.joinpath("run").iterdir()) == [path]
+
+
+def test_config_hash_ignores_resumable_keys():
+    base = config_hash(Config())
+    assert len(base) == 64 and base == config_hash(load(None))
+    resumable = load(
+        None,
+        [
+            "run.dir=runs/other",
+            "run.progress=false",
+            "run.threads=2",
+            "train.total_steps=500",
+            "eval.every_steps=3",
+            "checkpoint.every_steps=5",
+            "checkpoint.keep=4",
+        ],
+    )
+    assert config_hash(resumable) == base
+    for override in ["algo.eps_high=0.28", "run.seed=1", "data.families=[add]", "algo.dual_clip=3"]:
+        assert config_hash(load(None, [override])) != base, override
+    assert config_hash(load(None, ["algo.eps_high=0.28"]), ignore=("algo.eps_high",)) == config_hash(
+        Config(), ignore=("algo.eps_high",)
+    )

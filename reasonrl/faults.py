@@ -1,0 +1,327 @@
+"""Deterministic fault injection for drills: ``kind@step[:key=value...]`` specs.
+
+    plan = parse_faults(["crash@5", "slow@8:factor=3:worker=1", "nan@12"]).bind(run_dir)
+    plan.fire("crash", step, stage="update")        # at the start of each stage
+    if plan.poison_loss(step): loss = loss * float("nan")
+    time.sleep((plan.slow_factor("gen", worker, step) - 1) * gen_seconds)
+    with plan.killing_checkpoint(step):
+        save_checkpoint(...)
+
+Kinds and keys (defaults in brackets):
+
+    crash           stage [any]     raise RuntimeError("injected crash ...")
+    sigkill         stage [any]     SIGKILL the process
+    hang            stage [gen]     sleep forever (the StageWatchdog catches it)
+    nan             -               the controller poisons the loss with NaN
+    slow            factor [3], worker [0], stage [gen], steps [8]
+                                    that stage of that worker takes ``factor`` times longer
+                                    for ``steps`` steps from ``step`` on
+    ckpt_kill       -               SIGKILL in the middle of writing that step's checkpoint
+    reward_timeout  count [1]       the reward of the first ``count`` samples sleeps past its timeout
+    reward_error    count [1]       the reward of the first ``count`` samples raises
+
+A fault fires once per run: it is recorded in ``run_dir/faults_fired.json`` (atomic write)
+before it acts, so a process restarted from a checkpoint does not fire it again.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import signal
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from reasonrl.metrics import EventLog
+
+FIRED_FILE = "faults_fired.json"
+
+# Per key: how to read its value, the rule it must satisfy, and that rule in words.
+_KEYS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] = {
+    "stage": (str, str.isidentifier, "a stage name such as gen, reward or update"),
+    "factor": (float, lambda v: 1 < v < math.inf, "a finite number > 1"),
+    "worker": (int, lambda v: v >= 0, "an integer >= 0"),
+    "steps": (int, lambda v: v >= 1, "an integer >= 1"),
+    "count": (int, lambda v: v >= 1, "an integer >= 1"),
+}
+
+
+def _read(key: str, text: str) -> Any:
+    """The value of ``key`` from its text; ValueError when it breaks the key's rule."""
+    convert, valid, _ = _KEYS[key]
+    value = convert(text)
+    if not valid(value):
+        raise ValueError(text)
+    return value
+
+
+# Per kind: its keys with their defaults (None: the key may be left unset), in spec order.
+KINDS: dict[str, dict[str, Any]] = {
+    "crash": {"stage": None},
+    "sigkill": {"stage": None},
+    "hang": {"stage": "gen"},
+    "nan": {},
+    "slow": {"factor": 3.0, "worker": 0, "stage": "gen", "steps": 8},
+    "ckpt_kill": {},
+    "reward_timeout": {"count": 1},
+    "reward_error": {"count": 1},
+}
+
+# What a drill expects the system to do about each kind.
+EXPECTED: dict[str, str] = {
+    "crash": "process exits with a traceback; the supervisor restarts from the last checkpoint",
+    "sigkill": "process dies by SIGKILL; the supervisor restarts from the last checkpoint",
+    "hang": "the stage watchdog dumps all stacks and exits; the supervisor restarts",
+    "nan": "NonFiniteGuard skips the update (rolls back after repeated non-finite steps)",
+    "slow": "SlowdownDetector names the slow worker and stage; work shifts away from it",
+    "ckpt_kill": "the partial checkpoint is ignored; the run resumes from the previous committed one",
+    "reward_timeout": "the affected samples time out, are marked failed, and the step goes on",
+    "reward_error": "the affected samples are marked failed and the step goes on",
+}
+
+_ACTIONS = ("crash", "sigkill", "hang")
+_FORMAT = "expected kind@step[:key=value...]"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One scheduled fault: ``kind`` at training step ``step`` with its resolved ``params``."""
+
+    kind: str
+    step: int
+    params: tuple[tuple[str, Any], ...]
+
+    @property
+    def spec(self) -> str:
+        """Canonical spec string (defaults filled in); the fault's identity in the fired file."""
+        return f"{self.kind}@{self.step}" + "".join(f":{k}={v}" for k, v in self.params if v is not None)
+
+    def get(self, key: str) -> Any:
+        return dict(self.params)[key]
+
+
+def _spec_error(spec: str, problem: str) -> ValueError:
+    return ValueError(f"fault spec {spec!r}: {problem}")
+
+
+def _parse_one(spec: str) -> Fault:
+    head, *options = spec.strip().split(":")
+    kind, at, step_text = head.partition("@")
+    if kind not in KINDS:
+        close = difflib.get_close_matches(kind, KINDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise _spec_error(spec, f"unknown kind {kind!r}; {hint}allowed kinds: {', '.join(KINDS)}; {_FORMAT}")
+    if not at:
+        raise _spec_error(spec, f"missing '@step' after {kind!r}; {_FORMAT}")
+    if not (step_text.isdigit() and int(step_text) >= 1):
+        raise _spec_error(spec, f"step {step_text!r} is not an integer >= 1")
+    step = int(step_text)
+    allowed = KINDS[kind]
+    params = dict(allowed)
+    for option in options:
+        key, eq, text = option.partition("=")
+        if key not in allowed:
+            keys = ", ".join(allowed) if allowed else "none"
+            raise _spec_error(spec, f"unknown key {key!r} for kind {kind!r}; allowed keys: {keys}")
+        if not eq:
+            raise _spec_error(spec, f"{option!r} is not key=value; {_FORMAT}")
+        try:
+            params[key] = _read(key, text)
+        except ValueError:
+            raise _spec_error(spec, f"bad value {text!r} for key {key!r}: expected {_KEYS[key][2]}") from None
+    return Fault(kind, step, tuple(params.items()))
+
+
+def parse_faults(specs: list[str]) -> FaultPlan:
+    """A FaultPlan from spec strings; ValueError names the spec, the bad part and what is allowed.
+
+    Two specs describing the same fault (same canonical spec) are an error.
+    """
+    faults = [_parse_one(spec) for spec in specs]
+    seen: dict[str, str] = {}
+    for spec, fault in zip(specs, faults):
+        if fault.spec in seen:
+            raise _spec_error(spec, f"the same fault as {seen[fault.spec]!r}")
+        seen[fault.spec] = spec
+    return FaultPlan(faults)
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    """Replace ``path`` with ``obj`` as JSON: temporary file, fsync, rename, fsync the directory."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _hang_forever() -> None:
+    """An injected hang: sleeps until the watchdog (or a signal) ends the process."""
+    while True:
+        time.sleep(60)
+
+
+class FaultPlan:
+    """The faults of a run and which of them have fired.
+
+    Rule: each fault fires at most once per run. ``mark`` records it as fired (in memory,
+    and in ``run_dir/faults_fired.json`` plus a ``fault_injected`` event once bound) before
+    the fault acts, so a restarted process that binds the same run directory skips it.
+    """
+
+    def __init__(self, faults: list[Fault]) -> None:
+        self.faults = list(faults)
+        self.fired: set[str] = set()
+        self._path: Path | None = None
+        self._events: EventLog | None = None
+        self._slowing: set[str] = set()
+
+    def bind(self, run_dir: str | Path) -> FaultPlan:
+        """Load the faults already fired in ``run_dir`` and record new firings there; returns self."""
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._path = run_dir / FIRED_FILE
+        self._events = EventLog(run_dir)
+        if self._path.exists():
+            self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
+        return self
+
+    def at(self, kind: str, step: int) -> Fault | None:
+        """The first not yet fired fault of ``kind`` scheduled at ``step``, or None."""
+        if kind not in KINDS:
+            raise ValueError(f"FaultPlan.at: unknown kind {kind!r}; allowed kinds: {', '.join(KINDS)}")
+        return next((f for f in self.faults if f.kind == kind and f.step == step and f.spec not in self.fired), None)
+
+    def mark(self, fault: Fault, **ctx: Any) -> None:
+        """Record ``fault`` as fired (durably once bound) and emit ``fault_injected`` with
+        ``fault`` = its canonical spec (never the bare kind: ``read_jsonl`` would read "nan"
+        back as a float) and ``ctx``."""
+        self.fired.add(fault.spec)
+        if self._path is not None:
+            _write_json_atomic(self._path, {"fired": sorted(self.fired)})
+        if self._events is not None:
+            self._events.emit("fault_injected", fault.step, fault=fault.spec, **ctx)
+
+    def fire(self, kind: str, step: int, stage: str | None = None, **ctx: Any) -> None:
+        """Perform a due crash, sigkill or hang fault; a no-op when none is due.
+
+        A fault with a ``stage`` fires only when called with that stage; one without fires
+        at the first call for its step. ``ctx`` goes into the ``fault_injected`` event.
+        """
+        if kind not in _ACTIONS:
+            raise ValueError(
+                f"FaultPlan.fire: kind {kind!r} has no action here; fire performs {', '.join(_ACTIONS)}"
+            )
+        fault = next(
+            (
+                f
+                for f in self.faults
+                if f.kind == kind
+                and f.step == step
+                and f.spec not in self.fired
+                and f.get("stage") in (None, stage)
+            ),
+            None,
+        )
+        if fault is None:
+            return
+        self.mark(fault, stage=stage, **ctx)
+        if kind == "crash":
+            raise RuntimeError(f"injected crash at step {step} (fault {fault.spec})")
+        if kind == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        _hang_forever()
+
+    def slow_factor(self, stage: str, worker: int, step: int) -> float:
+        """How many times longer ``stage`` of ``worker`` takes at ``step``: 1.0 normally.
+
+        A slow fault fires at the first matching call inside its window
+        ``[step, step + steps)`` and then applies to that window in this process.
+        """
+        factor = 1.0
+        for f in self.faults:
+            if f.kind != "slow" or f.get("stage") != stage or f.get("worker") != worker:
+                continue
+            if not f.step <= step < f.step + f.get("steps"):
+                continue
+            if f.spec not in self.fired:
+                self.mark(f, stage=stage, worker=worker)
+                self._slowing.add(f.spec)
+            if f.spec in self._slowing:
+                factor *= f.get("factor")
+        return factor
+
+    def poison_loss(self, step: int) -> bool:
+        """True once when a nan fault is due at ``step`` (the caller makes the loss NaN)."""
+        fault = self.at("nan", step)
+        if fault is None:
+            return False
+        self.mark(fault)
+        return True
+
+    def reward_fault(self, step: int) -> tuple[str, int] | None:
+        """``(kind, count)`` once for a due reward_timeout or reward_error fault: the reward of
+        the first ``count`` samples of the step must time out or raise. None otherwise."""
+        for kind in ("reward_timeout", "reward_error"):
+            fault = self.at(kind, step)
+            if fault is not None:
+                self.mark(fault)
+                return kind, fault.get("count")
+        return None
+
+    @contextmanager
+    def killing_checkpoint(self, step: int) -> Iterator[None]:
+        """Wrap the save of checkpoint ``step``: when a ckpt_kill fault is due, the process is
+        SIGKILLed right after the checkpoint's first file is written and fsynced (before its
+        manifest and COMMITTED marker), by wrapping ``reasonrl.checkpoint.store._write_file``
+        for the duration of the block (tests/unit/test_faults.py pins that coupling).
+        Otherwise the block runs untouched."""
+        fault = self.at("ckpt_kill", step)
+        if fault is None:
+            yield
+            return
+        # Imported here so that parsing and describing plans (the supervisor, the CLI) needs no torch.
+        from reasonrl.checkpoint import store
+
+        write_file = store._write_file
+
+        def write_then_kill(path: Path, write: Callable[[Any], Any]) -> None:
+            write_file(path, write)
+            self.mark(fault, file=str(path))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        store._write_file = write_then_kill
+        try:
+            yield
+        finally:
+            store._write_file = write_file
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One row per fault for the drill table: spec, kind, step, params, fired, expected."""
+        return [
+            {
+                "spec": f.spec,
+                "kind": f.kind,
+                "step": f.step,
+                "params": {k: v for k, v in f.params if v is not None},
+                "fired": f.spec in self.fired,
+                "expected": EXPECTED[f.kind],
+            }
+            for f in self.faults
+        ]

@@ -1,0 +1,348 @@
+"""In-process guards: non-finite steps, loss/grad spikes, sustained slowdowns and hangs.
+
+The controller owns one of each and asks them, step by step, what to do:
+
+    action = nonfinite.check(step, loss, grad_norm, params_finite(model))   # "ok" | "skip" | "rollback"
+    spiked = spikes.update("loss", step, float(loss))
+    slow = slowdown.update("gen", worker, step, seconds)                   # Slowdown | None
+    watchdog.beat("gen")                                                    # at the start of each stage
+
+Every detector that is given an ``EventLog`` writes one line to ``events.jsonl`` per
+incident (kinds ``nonfinite``, ``spike``, ``slowdown``, ``slowdown_recovered``). A hang
+cannot be logged from inside the stuck process: the watchdog leaves a stack dump that the
+supervisor reads with ``read_hang_dump``. The module does not import torch, so the
+supervisor can use that reader without it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import math
+import os
+import statistics
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reasonrl.metrics import EventLog
+
+if TYPE_CHECKING:
+    import torch
+
+# MAD of a normal sample times this estimates its standard deviation.
+_MAD_TO_STD = 1.4826
+# Spike scale never drops below this, even for a constant all-zero history.
+_MIN_SCALE = 1e-8
+
+
+def _is_finite(value: float | torch.Tensor) -> bool:
+    """Whether a scalar (a Python number or a one-element tensor) is finite."""
+    return math.isfinite(float(value))
+
+
+def params_finite(module: torch.nn.Module) -> bool:
+    """Whether every parameter of ``module`` is finite: ``isfinite(p).all()`` per parameter,
+    combined with ``&`` on the first parameter's device and read back with one synchronisation."""
+    finite = None
+    for p in module.parameters():
+        flag = p.isfinite().all()
+        finite = flag if finite is None else finite & flag.to(finite.device)
+    return finite is None or bool(finite)
+
+
+class NonFiniteGuard:
+    """Decides what to do with a step whose loss, gradient norm or parameters are not finite.
+
+    Rule: a step is *bad* when ``loss`` or ``grad_norm`` is NaN/Inf or ``params_finite`` is
+    False. A good step returns "ok" and resets the count of consecutive bad steps. A bad step
+    returns "skip" (the caller zeroes the gradients and does not step the optimizer), unless
+    it is the ``max_consecutive``-th bad step in a row or the parameters themselves are not
+    finite (skipping cannot repair them): then it returns "rollback" (the caller restores
+    the last good checkpoint and skips the offending batch) and the count restarts at 0.
+    """
+
+    def __init__(self, max_consecutive: int, events: EventLog | None = None) -> None:
+        if max_consecutive < 1:
+            raise ValueError(f"NonFiniteGuard: max_consecutive={max_consecutive}; expected an integer >= 1")
+        self.max_consecutive = max_consecutive
+        self.events = events
+        self.consecutive = 0
+
+    def check(
+        self,
+        step: int,
+        loss: float | torch.Tensor,
+        grad_norm: float | torch.Tensor,
+        params_finite: bool,
+    ) -> str:
+        """"ok", "skip" or "rollback" for this step (see the class rule)."""
+        loss_ok, grad_ok = _is_finite(loss), _is_finite(grad_norm)
+        if loss_ok and grad_ok and params_finite:
+            self.consecutive = 0
+            return "ok"
+        self.consecutive += 1
+        rollback = not params_finite or self.consecutive >= self.max_consecutive
+        action = "rollback" if rollback else "skip"
+        if self.events is not None:
+            self.events.emit(
+                "nonfinite",
+                step,
+                action=action,
+                loss=float(loss),
+                grad_norm=float(grad_norm),
+                params_finite=params_finite,
+                consecutive=self.consecutive,
+            )
+        if rollback:
+            self.consecutive = 0
+        return action
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consecutive": self.consecutive}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.consecutive = int(state["consecutive"])
+
+
+class SpikeDetector:
+    """Flags upward spikes in named series (``loss``, ``grad_norm``, ...) with a robust z-test.
+
+    Rule: with ``h`` the last ``window`` accepted values of the series, ``m = median(h)`` and
+    ``scale = max(1.4826 * median(|h - m|), rel_floor * |m|, 1e-8)``, a value ``v`` is a
+    spike when ``len(h) >= min_history`` and ``v > m + threshold * scale``. Values that are
+    not spikes join the history; spikes do not, so a run of spikes cannot drag the baseline
+    up. Non-finite values are left to ``NonFiniteGuard``: they are neither spikes nor history.
+    """
+
+    def __init__(
+        self,
+        window: int,
+        threshold: float,
+        min_history: int,
+        rel_floor: float = 0.05,
+        events: EventLog | None = None,
+    ) -> None:
+        if not 1 <= min_history <= window:
+            raise ValueError(
+                f"SpikeDetector: min_history={min_history}, window={window}; expected 1 <= min_history <= window"
+            )
+        if threshold <= 0 or rel_floor < 0:
+            raise ValueError(
+                f"SpikeDetector: threshold={threshold}, rel_floor={rel_floor}; expected threshold > 0, rel_floor >= 0"
+            )
+        self.window = window
+        self.threshold = threshold
+        self.min_history = min_history
+        self.rel_floor = rel_floor
+        self.events = events
+        self._history: dict[str, deque[float]] = {}
+
+    def update(self, name: str, step: int, value: float) -> bool:
+        """Whether ``value`` is a spike of series ``name``; records it when it is not."""
+        value = float(value)
+        if not math.isfinite(value):
+            return False
+        history = self._history.setdefault(name, deque(maxlen=self.window))
+        if len(history) >= self.min_history:
+            median = statistics.median(history)
+            mad = statistics.median(abs(x - median) for x in history)
+            scale = max(_MAD_TO_STD * mad, self.rel_floor * abs(median), _MIN_SCALE)
+            limit = median + self.threshold * scale
+            if value > limit:
+                if self.events is not None:
+                    self.events.emit("spike", step, series=name, value=value, median=median, limit=limit)
+                return True
+        history.append(value)
+        return False
+
+    def state_dict(self) -> dict[str, dict[str, list[float]]]:
+        return {"history": {name: list(values) for name, values in self._history.items()}}
+
+    def load_state_dict(self, state: dict[str, dict[str, list[float]]]) -> None:
+        self._history = {
+            name: deque((float(v) for v in values), maxlen=self.window) for name, values in state["history"].items()
+        }
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """A sustained slowdown of one worker in one stage, reported once at its onset.
+
+    ``factor = recent_s / baseline_s``; ``detected_after_steps`` counts the samples from the
+    first slow one (above ``ratio * baseline_s``) in the recent window to the detection.
+    """
+
+    stage: str
+    worker: int
+    step: int
+    baseline_s: float
+    recent_s: float
+    factor: float
+    detected_after_steps: int
+
+
+class _Series:
+    """Durations of one (stage, worker): a baseline window, a recent window, a slow flag."""
+
+    def __init__(self, window: int, recent: int) -> None:
+        self.baseline: deque[float] = deque(maxlen=window)
+        self.recent: deque[float] = deque(maxlen=recent)
+        self.slow = False
+
+
+class SlowdownDetector:
+    """Two-window change-point test for fail-slow workers (stragglers).
+
+    Per (stage, worker) the last ``min_steps`` durations form the *recent* window and the
+    ``window`` durations before them the *baseline*. Rule: an onset is reported when the
+    baseline holds at least ``min_steps`` samples and
+    ``median(recent) > ratio * median(baseline)``. Medians make one noisy step harmless:
+    it cannot move the median of ``min_steps >= 3`` samples past the others. While slow,
+    samples leaving the recent window are dropped instead of joining the baseline, so the
+    baseline stays the pre-onset one; the detector re-arms (and logs ``slowdown_recovered``)
+    once ``median(recent) <= (1 + ratio) / 2 * median(baseline)`` (halfway back, so noise
+    at the threshold does not flap).
+    """
+
+    def __init__(
+        self,
+        window: int = 8,
+        ratio: float = 1.5,
+        min_steps: int = 4,
+        events: EventLog | None = None,
+    ) -> None:
+        if window < min_steps or min_steps < 1 or ratio <= 1:
+            raise ValueError(
+                f"SlowdownDetector: window={window}, ratio={ratio}, min_steps={min_steps}; "
+                "expected 1 <= min_steps <= window and ratio > 1"
+            )
+        self.window = window
+        self.ratio = ratio
+        self.min_steps = min_steps
+        self.events = events
+        self._series: dict[tuple[str, int], _Series] = {}
+
+    def update(self, stage: str, worker: int, step: int, seconds: float) -> Slowdown | None:
+        """Record one duration; return a Slowdown at the onset of a sustained slowdown."""
+        series = self._series.setdefault((stage, worker), _Series(self.window, self.min_steps))
+        if len(series.recent) == self.min_steps and not series.slow:
+            series.baseline.append(series.recent[0])
+        series.recent.append(float(seconds))
+        if len(series.baseline) < self.min_steps or len(series.recent) < self.min_steps:
+            return None
+        baseline = statistics.median(series.baseline)
+        recent = statistics.median(series.recent)
+        if series.slow:
+            if recent <= (1 + self.ratio) / 2 * baseline:
+                series.slow = False
+                if self.events is not None:
+                    self.events.emit("slowdown_recovered", step, stage=stage, worker=worker, recent_s=recent)
+            return None
+        if recent <= self.ratio * baseline:
+            return None
+        series.slow = True
+        first_slow = next(i for i, s in enumerate(series.recent) if s > self.ratio * baseline)
+        found = Slowdown(
+            stage=stage,
+            worker=worker,
+            step=step,
+            baseline_s=baseline,
+            recent_s=recent,
+            factor=recent / baseline if baseline > 0 else math.inf,
+            detected_after_steps=len(series.recent) - first_slow,
+        )
+        if self.events is not None:
+            self.events.emit("slowdown", step, **{k: v for k, v in asdict(found).items() if k != "step"})
+        return found
+
+    def weights(self, stage: str, workers: list[int]) -> dict[int, float]:
+        """Work shares for ``workers`` in ``stage``, summing to 1.
+
+        Rule: share_w ∝ 1 / median(recent durations of w). A worker without samples gets
+        the mean speed of the others; with no samples at all the shares are equal.
+        """
+        speeds: dict[int, float | None] = {}
+        for worker in workers:
+            series = self._series.get((stage, worker))
+            if series is None or not series.recent:
+                speeds[worker] = None
+            else:
+                speeds[worker] = 1.0 / max(statistics.median(series.recent), _MIN_SCALE)
+        known = [s for s in speeds.values() if s is not None]
+        fill = sum(known) / len(known) if known else 1.0
+        filled = {w: fill if s is None else s for w, s in speeds.items()}
+        total = sum(filled.values())
+        return {w: s / total for w, s in filled.items()}
+
+
+def _stage_path(dump_path: Path) -> Path:
+    return Path(dump_path).with_suffix(".stage")
+
+
+class StageWatchdog:
+    """Hang detection inside the training process, at the C level.
+
+    ``beat(stage)`` re-arms ``faulthandler.dump_traceback_later(timeout_s, exit=True)``, so a
+    stage that runs longer than ``timeout_s`` without the next beat (stuck in Python, in a
+    C extension or in a collective) makes faulthandler's own thread write every thread's
+    stack to ``dump_path`` and ``_exit(1)`` the process. Each beat also replaces
+    ``dump_path.with_suffix(".stage")`` with the stage name: its mtime is the heartbeat the
+    parent process watches, its text the stage a hang happened in.
+
+    faulthandler needs the dump file open while armed, so it is created empty with its mtime
+    set to 0: only a dump actually written looks newer than the process start. ``stop()``
+    cancels the timer and removes both files. faulthandler has one timer per process, so use
+    one watchdog per process.
+    """
+
+    def __init__(self, timeout_s: float, dump_path: Path) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"StageWatchdog: timeout_s={timeout_s}; expected a positive number of seconds")
+        self.timeout_s = timeout_s
+        self.dump_path = Path(dump_path)
+        self.stage_path = _stage_path(self.dump_path)
+        self.dump_path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(self.dump_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.utime(self.dump_path, (0, 0))
+
+    def beat(self, stage: str) -> None:
+        """Enter ``stage``: record it as the heartbeat and give it ``timeout_s`` to end."""
+        if self._fd is None:
+            raise RuntimeError(f"StageWatchdog for {self.dump_path} is stopped")
+        tmp = self.stage_path.with_name(self.stage_path.name + ".tmp")
+        tmp.write_text(stage + "\n", encoding="utf-8")
+        os.replace(tmp, self.stage_path)
+        faulthandler.dump_traceback_later(self.timeout_s, repeat=False, file=self._fd, exit=True)
+
+    def stop(self) -> None:
+        """Cancel the timer and remove the dump and stage files (no hang happened)."""
+        if self._fd is None:
+            return
+        faulthandler.cancel_dump_traceback_later()
+        os.close(self._fd)
+        self._fd = None
+        self.dump_path.unlink(missing_ok=True)
+        self.stage_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> StageWatchdog:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def read_hang_dump(dump_path: Path) -> dict[str, Any] | None:
+    """``{"stage", "stacks"}`` when an expired watchdog wrote a stack dump to ``dump_path``
+    (``stage`` from the heartbeat file, None without one), else None."""
+    try:
+        stacks = Path(dump_path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    if "most recent call first" not in stacks:
+        return None
+    try:
+        stage = _stage_path(dump_path).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        stage = None
+    return {"stage": stage, "stacks": stacks}

@@ -1,0 +1,236 @@
+"""Guards: non-finite steps, spikes, sustained slowdowns, and the faulthandler hang watchdog."""
+
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from reasonrl.guards import (
+    NonFiniteGuard,
+    SlowdownDetector,
+    SpikeDetector,
+    StageWatchdog,
+    params_finite,
+    read_hang_dump,
+)
+from reasonrl.metrics import EventLog, read_jsonl
+
+NAN, INF = math.nan, math.inf
+
+
+def test_nonfinite_guard_skips_then_rolls_back(tmp_path):
+    guard = NonFiniteGuard(max_consecutive=3, events=EventLog(tmp_path))
+    assert guard.check(1, 0.5, 1.0, True) == "ok"
+    assert guard.check(2, NAN, 1.0, True) == "skip"
+    assert guard.check(3, 0.5, INF, True) == "skip"
+    assert guard.check(4, torch.tensor(NAN), torch.tensor(2.0), True) == "rollback"
+    assert guard.consecutive == 0  # the count restarts after a rollback
+    assert guard.check(5, NAN, 1.0, True) == "skip"
+    assert guard.check(6, torch.tensor(0.3), torch.tensor(1.0), True) == "ok"
+    assert guard.check(7, NAN, 1.0, True) == "skip"  # a good step reset the count
+    events = read_jsonl(tmp_path / "events.jsonl")
+    assert [(e["kind"], e["step"], e["action"]) for e in events] == [
+        ("nonfinite", 2, "skip"), ("nonfinite", 3, "skip"), ("nonfinite", 4, "rollback"),
+        ("nonfinite", 5, "skip"), ("nonfinite", 7, "skip"),
+    ]
+    assert math.isnan(events[0]["loss"]) and events[1]["grad_norm"] == INF
+
+
+def test_nonfinite_params_roll_back_at_once_and_state_round_trips():
+    guard = NonFiniteGuard(max_consecutive=5)
+    assert guard.check(1, 0.5, 1.0, params_finite=False) == "rollback"
+    guard.check(2, NAN, 1.0, True)
+    restored = NonFiniteGuard(max_consecutive=2)
+    restored.load_state_dict(guard.state_dict())
+    assert restored.check(3, NAN, 1.0, True) == "rollback"
+    with pytest.raises(ValueError, match="max_consecutive=0"):
+        NonFiniteGuard(0)
+
+
+def test_params_finite():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    assert params_finite(model)
+    with torch.no_grad():
+        model[1].bias[1] = INF
+    assert not params_finite(model)
+    assert params_finite(torch.nn.ReLU())  # no parameters
+
+
+def test_spike_detected_and_kept_out_of_history(tmp_path):
+    det = SpikeDetector(window=10, threshold=5.0, min_history=4, events=EventLog(tmp_path))
+    values = [1.0, 1.1, 0.9, 1.05]
+    # Too little history: even a large value is accepted.
+    assert not any(det.update("loss", s, v) for s, v in enumerate(values[:3]))
+    assert not det.update("loss", 3, values[3])
+    # median 1.025, MAD 0.05 -> scale 0.0741, limit 1.396
+    assert not det.update("loss", 4, 1.35)
+    assert det.update("loss", 5, 9.0)
+    assert det.update("loss", 6, 9.0)  # spikes never enter the history, so still a spike
+    assert det.state_dict()["history"]["loss"] == [1.0, 1.1, 0.9, 1.05, 1.35]
+    assert not det.update("grad_norm", 7, 9.0)  # series are independent
+    assert not det.update("loss", 8, NAN)  # left to NonFiniteGuard
+    (event,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["step"] == 5]
+    assert event["kind"] == "spike" and event["series"] == "loss" and event["value"] == 9.0
+
+
+def test_spike_scale_floor_for_constant_series():
+    det = SpikeDetector(window=8, threshold=3.0, min_history=3)
+    for step in range(5):
+        assert not det.update("loss", step, 2.0)  # MAD 0: the floor is 5% of |median| = 0.1
+    assert not det.update("loss", 5, 2.29)
+    assert det.update("loss", 6, 2.31)
+    zeros = SpikeDetector(window=8, threshold=3.0, min_history=3)
+    for step in range(3):
+        zeros.update("loss", step, 0.0)
+    assert not zeros.update("loss", 3, 0.0) and zeros.update("loss", 4, 1e-3)
+
+
+def test_spike_resume_is_exact():
+    rng = random.Random(0)
+    series = [rng.gauss(1.0, 0.1) + (5.0 if i % 17 == 16 else 0.0) for i in range(80)]
+    full = SpikeDetector(window=12, threshold=4.0, min_history=6)
+    first = SpikeDetector(window=12, threshold=4.0, min_history=6)
+    expected = [full.update("loss", i, v) for i, v in enumerate(series)]
+    got = [first.update("loss", i, v) for i, v in enumerate(series[:40])]
+    resumed = SpikeDetector(window=12, threshold=4.0, min_history=6)
+    resumed.load_state_dict(first.state_dict())
+    got += [resumed.update("loss", i, v) for i, v in enumerate(series[40:], start=40)]
+    assert got == expected and sum(expected) == 4
+
+
+def _feed(det, durations, stage="gen", worker=0, start=0):
+    return [det.update(stage, worker, start + i, d) for i, d in enumerate(durations)]
+
+
+def test_single_outlier_does_not_trigger():
+    det = SlowdownDetector()
+    assert not any(_feed(det, [1.0] * 10 + [10.0] + [1.0] * 10))
+
+
+def test_sustained_slowdown_of_one_worker_is_named(tmp_path):
+    det = SlowdownDetector(window=8, ratio=1.5, min_steps=4, events=EventLog(tmp_path))
+    found = []
+    for step in range(40):
+        for worker in (0, 1):
+            slow = worker == 1 and step >= 12
+            result = det.update("gen", worker, step, (2.0 if slow else 1.0) * (1 + 0.05 * (step % 3)))
+            if result is not None:
+                found.append(result)
+    (hit,) = found  # reported once per onset
+    assert (hit.stage, hit.worker) == ("gen", 1)
+    assert hit.step - 12 + 1 <= det.min_steps + 1 and hit.detected_after_steps == hit.step - 12 + 1
+    assert hit.factor == pytest.approx(2.0, rel=0.1) and hit.baseline_s == pytest.approx(1.05)
+    (event,) = read_jsonl(tmp_path / "events.jsonl")
+    assert event["kind"] == "slowdown" and event["worker"] == 1 and event["stage"] == "gen"
+
+
+def test_rearms_after_recovery():
+    det = SlowdownDetector(window=8, ratio=1.5, min_steps=4)
+    hits = _feed(det, [1.0] * 10 + [3.0] * 10 + [1.0] * 10 + [3.0] * 10)
+    onsets = [i for i, h in enumerate(hits) if h is not None]
+    assert onsets == [11, 31]  # a 3x slowdown lifts the median of 4 past 1.5x after 2 samples
+    assert hits[11].detected_after_steps == 2
+    assert hits[31].baseline_s == 1.0  # slow samples never entered the baseline
+
+
+def test_noise_never_triggers():
+    rng = random.Random(1234)
+    det = SlowdownDetector()
+    for step in range(300):
+        for stage, base in (("gen", 2.0), ("update", 0.5)):
+            for worker in range(3):
+                assert det.update(stage, worker, step, base * rng.uniform(0.88, 1.12)) is None
+
+
+def test_weights_shift_toward_fast_worker():
+    det = SlowdownDetector()
+    assert det.weights("gen", [0, 1]) == {0: 0.5, 1: 0.5}
+    _feed(det, [1.0] * 6, worker=0)
+    _feed(det, [3.0] * 6, worker=1)
+    w = det.weights("gen", [0, 1, 2])  # worker 2 has no samples: the mean speed
+    assert w[0] == pytest.approx(3 * w[1]) and w[2] == pytest.approx((w[0] + w[1]) / 2)
+    assert sum(w.values()) == pytest.approx(1.0)
+
+
+def test_detector_arguments_are_checked():
+    with pytest.raises(ValueError, match="ratio=1.0"):
+        SlowdownDetector(ratio=1.0)
+    with pytest.raises(ValueError, match="min_history=9"):
+        SpikeDetector(window=8, threshold=3.0, min_history=9)
+
+
+def test_heartbeat_and_stop(tmp_path):
+    dump, stage_file = tmp_path / "hang_dump.txt", tmp_path / "hang_dump.stage"
+    started = time.time()
+    watchdog = StageWatchdog(60.0, dump)
+    try:
+        assert dump.stat().st_size == 0 and dump.stat().st_mtime == 0  # armed dump never looks fresh
+        watchdog.beat("gen")
+        watchdog.beat("reward")
+        assert stage_file.read_text() == "reward\n" and stage_file.stat().st_mtime >= started - 1
+        assert read_hang_dump(dump) is None  # empty: no hang
+    finally:
+        watchdog.stop()
+    assert not dump.exists() and not stage_file.exists()
+    with pytest.raises(RuntimeError, match="stopped"):
+        watchdog.beat("gen")
+
+
+HANGING_CHILD = """
+import sys, time
+from reasonrl.guards import StageWatchdog
+watchdog = StageWatchdog(1.0, sys.argv[1])
+watchdog.beat("gen")
+print("beat", flush=True)
+
+def stuck_in_generation():
+    time.sleep(30)
+
+stuck_in_generation()
+"""
+
+HEALTHY_CHILD = """
+import sys, time
+from reasonrl.guards import StageWatchdog
+with StageWatchdog(1.0, sys.argv[1]) as watchdog:
+    for i in range(8):
+        watchdog.beat(f"stage{i}")
+        time.sleep(0.25)
+print("done", flush=True)
+"""
+
+
+def test_watchdog_kills_a_hung_process_and_spares_a_healthy_one(tmp_path):
+    hung_dump, healthy_dump = tmp_path / "hung" / "hang_dump.txt", tmp_path / "healthy" / "hang_dump.txt"
+
+    def spawn(code, dump):
+        return subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code), str(dump)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    hung, healthy = spawn(HANGING_CHILD, hung_dump), spawn(HEALTHY_CHILD, healthy_dump)
+    try:
+        assert hung.stdout.readline() == "beat\n"
+        start, beat_seen = time.monotonic(), time.time()
+        hung.wait(timeout=10)
+        assert time.monotonic() - start < 2.5
+        assert hung.returncode != 0
+        dump = read_hang_dump(hung_dump)
+        assert dump["stage"] == "gen" and "stuck_in_generation" in dump["stacks"]
+        assert hung_dump.stat().st_mtime >= beat_seen - 1  # a written dump is fresh for the supervisor
+        out, err = healthy.communicate(timeout=20)
+        assert healthy.returncode == 0, err
+        assert out == "done\n" and read_hang_dump(healthy_dump) is None
+    finally:
+        for proc in (hung, healthy):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

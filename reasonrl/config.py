@@ -63,6 +63,8 @@ class DataConfig:
     test_source: str = ""
     """Held-out file for validation; empty: the embedded test split, or the first
     ``eval.n_prompts`` rows of ``source`` are held out when a file is given."""
+    seed: int = 0
+    """Seeds the embedded train/test problems (independent of run.seed, so runs compare on one test set)."""
     families: tuple[str, ...] = ("add", "sub", "mul")
     """Embedded task families to draw from."""
     train_size: int = 20000
@@ -106,6 +108,8 @@ class RolloutConfig:
     """0 disables top-k."""
     max_new_tokens: int = 32
     """Responses longer than this are truncated."""
+    backend: Literal["hf", "fast"] = "fast"
+    """'fast' (KV-cache decode loop of reasonrl) or 'hf' (transformers generate, the reference)."""
 
 
 @dataclass(frozen=True)

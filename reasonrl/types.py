@@ -158,3 +158,24 @@ class ScoredBatch:
             acc=torch.cat([b.acc for b in batches]),
             failed=torch.cat([b.failed for b in batches]),
         )
+
+
+@dataclass
+class TrainBatch:
+    """A scored batch with everything the update needs. All [B, T] tensors are 0 on padding.
+
+    loss_mask:     [B, T] float, response mask with overlong-filtered samples zeroed
+    old_logprobs:  [B, T] float, log-probs under the policy that generated the batch
+    advantages:    [B, T] float
+    ref_logprobs:  [B, T] float, under the frozen reference (None without a KL loss)
+    values:        [B, T] float, critic values at generation time (None without a critic)
+    returns:       [B, T] float, critic targets (None without a critic)
+    """
+
+    scored: ScoredBatch
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None

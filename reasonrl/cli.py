@@ -1,0 +1,112 @@
+"""Command line: ``reasonrl train | sft | eval | demo | report``.
+
+    reasonrl train recipes/dapo.yaml train.total_steps=50 run.dir=runs/dapo
+    reasonrl sft [RECIPE] [key=value ...]        build (or find) the cached warm start
+    reasonrl eval RECIPE [key=value ...]         held-out accuracy of model.path (or a run's final/)
+    reasonrl demo [key=value ...]                the embedded example end to end, then a report
+    reasonrl report RUN_DIR [RUN_DIR ...]        PNG plots and report.html comparing runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from reasonrl.config import ConfigError, load
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def _recipe(name: str | None) -> Path | None:
+    """A recipe path; a bare name like 'dapo' means recipes/dapo.yaml."""
+    if name is None:
+        return None
+    path = Path(name)
+    if not path.exists() and (RECIPES / f"{name}.yaml").exists():
+        return RECIPES / f"{name}.yaml"
+    return path
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from reasonrl.controller import Trainer
+
+    cfg = load(_recipe(args.recipe), args.overrides)
+    last = Trainer(cfg).run()
+    print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith("val/")}))
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from reasonrl.data.sft import ensure_warm_start
+
+    cfg = load(_recipe(args.recipe), args.overrides)
+    out = ensure_warm_start(cfg.sft, cfg.data.families)
+    print(out)
+    print((out / "sft_summary.json").read_text())
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from reasonrl.controller import Trainer
+
+    cfg = load(_recipe(args.recipe), args.overrides)
+    print(json.dumps({k: round(v, 4) for k, v in Trainer(cfg).validate().items()}))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from reasonrl.controller import Trainer
+    from reasonrl.report import write_report
+
+    cfg = load(RECIPES / "dapo.yaml", ["run.dir=runs/demo", *args.overrides])
+    trainer = Trainer(cfg)
+    last = trainer.run()
+    from reasonrl.metrics import read_jsonl
+
+    rows = [r for r in read_jsonl(Path(cfg.run.dir) / "metrics.jsonl") if "val/acc" in r]
+    report = write_report([cfg.run.dir])
+    before, after = rows[0], rows[-1]
+    print(f"\nheld-out accuracy (mean over {cfg.eval.k} samples): {before['val/acc']:.3f} -> {after['val/acc']:.3f}")
+    if "val/acc_greedy" in before:
+        print(f"held-out greedy accuracy:                   {before['val/acc_greedy']:.3f} -> {after['val/acc_greedy']:.3f}")
+    print(f"report: {report}")
+    print(f"trained policy: {Path(cfg.run.dir) / 'final'}")
+    return 0 if last else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from reasonrl.report import write_report
+
+    print(write_report(args.run_dirs, args.out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, fn, needs_recipe in (("train", cmd_train, True), ("sft", cmd_sft, False), ("eval", cmd_eval, True)):
+        p = sub.add_parser(name)
+        p.add_argument("recipe", nargs=None if needs_recipe else "?", help="recipe YAML or a name in recipes/ (dapo, grpo, ...)")
+        p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+        p.set_defaults(fn=fn)
+    p = sub.add_parser("demo")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(fn=cmd_demo)
+    p = sub.add_parser("report")
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--out", default=None)
+    p.set_defaults(fn=cmd_report)
+    args = parser.parse_args(argv)
+    if args.command == "sft" and args.recipe and "=" in args.recipe:
+        args.overrides, args.recipe = [args.recipe, *args.overrides], None
+    try:
+        return args.fn(args)
+    except (ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"reasonrl {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

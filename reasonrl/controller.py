@@ -1,0 +1,391 @@
+"""The trainer: builds the roles from a Config and runs ``step()`` in data-flow order.
+
+    prompts -> rollout -> reward -> filter -> logprobs -> advantages -> update
+
+One ``step()`` reads top to bottom: collect a batch (dynamic sampling keeps drawing
+generation batches until the batch is full of groups with mixed outcomes), compute the
+old/reference log-probs and critic values, the advantages, then update critic and policy.
+``run()`` adds validation, metrics, checkpoints (resume) and the final export.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from reasonrl import algo
+from reasonrl.checkpoint import capture_rng, find_latest, list_checkpoints, load_checkpoint, restore_rng, save_checkpoint
+from reasonrl.config import Config, config_hash, dump
+from reasonrl.data import tasks
+from reasonrl.data.datasets import load_prompts, render_prompt
+from reasonrl.data.model import load_model, load_tokenizer
+from reasonrl.data.sampler import PromptSampler
+from reasonrl.data.sft import ensure_warm_start
+from reasonrl.metrics import EventLog, MetricsSink, timed
+from reasonrl.reward import load_reward_fn, score_batch
+from reasonrl.rollout.fast import FastGenerator
+from reasonrl.rollout.hf import HFGenerator
+from reasonrl.train.critic import Critic
+from reasonrl.train.logprobs import compute_logprobs
+from reasonrl.train.update import update_critic, update_policy
+from reasonrl.types import Prompt, SamplingParams, ScoredBatch, TrainBatch
+
+GROUP_ESTIMATORS = {"grpo": algo.grpo, "dr_grpo": algo.dr_grpo, "lite_ppo": algo.lite_ppo, "rloo": algo.rloo}
+GENERATORS = {"hf": HFGenerator, "fast": FastGenerator}
+
+
+class DynamicSamplingError(RuntimeError):
+    pass
+
+
+class ResumeError(RuntimeError):
+    pass
+
+
+def setup_torch(threads: int, deterministic: bool) -> None:
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 2)))
+    torch.use_deterministic_algorithms(deterministic)
+
+
+def model_dir(cfg: Config, log=print) -> Path:
+    """The policy's model directory: the cached warm start for 'embedded', else model.path."""
+    if cfg.model.path == "embedded":
+        return ensure_warm_start(cfg.sft, cfg.data.families, log)
+    return Path(cfg.model.path)
+
+
+def load_splits(cfg: Config) -> tuple[list[Prompt], list[Prompt]]:
+    """(train prompts, held-out prompts) for data.source."""
+    d = cfg.data
+    if d.source == "embedded":
+        train = tasks.to_prompts(tasks.generate(d.families, d.train_size, d.seed, "train"), "train")
+        test = tasks.to_prompts(tasks.generate(d.families, d.test_size, d.seed, "test"), "test")
+        return train, test
+    train = load_prompts(d.source, d.prompt_key, d.answer_key)
+    if d.test_source:
+        return train, load_prompts(d.test_source, d.prompt_key, d.answer_key)
+    held = cfg.eval.n_prompts
+    if len(train) <= held:
+        raise ValueError(f"data.source: {d.source} has {len(train)} rows, too few to hold out eval.n_prompts={held}; give data.test_source")
+    return train[held:], train[:held]
+
+
+class Trainer:
+    def __init__(self, cfg: Config, log=print) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.run_dir = Path(cfg.run.dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        setup_torch(cfg.run.threads, cfg.run.deterministic)
+        torch.manual_seed(cfg.run.seed)
+        self.model_dir = model_dir(cfg, log)
+        device = cfg.run.device
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.pad_id, self.eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        self.policy = load_model(self.model_dir, cfg.model.dtype, device)
+        self.reference = self._frozen_copy(self.policy) if cfg.algo.kl_loss_coef > 0 else None
+        self.critic = Critic(self.model_dir, cfg.model.dtype).to(device) if cfg.algo.adv_estimator == "gae" else None
+        self.generator = GENERATORS[cfg.rollout.backend](self.policy, self.pad_id, self.eos_id)
+        self.reward_fn = load_reward_fn(cfg.reward.fn)
+        self.train_prompts, self.test_prompts = load_splits(cfg)
+        self.train_ids = self._tokenize(self.train_prompts, cfg.data.source)
+        self.test_ids = self._tokenize(self.test_prompts, cfg.data.test_source or cfg.data.source)
+        gen_prompts = cfg.train.gen_prompts_per_step or cfg.train.prompts_per_step
+        self.sampler = PromptSampler(len(self.train_prompts), gen_prompts, cfg.run.seed)
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        self.critic_optimizer = (
+            torch.optim.AdamW(self.critic.parameters(), lr=t.critic_lr, weight_decay=t.weight_decay) if self.critic else None
+        )
+        self.rng = torch.Generator().manual_seed(cfg.run.seed)
+        self.step_count = 0
+        self.events = EventLog(self.run_dir)
+
+    # ---------------------------------------------------------------- one step
+    def step(self) -> dict[str, float]:
+        """One RL step; returns its metrics (verl names)."""
+        cfg, t = self.cfg, defaultdict(float)
+        with timed(t, "step"):
+            scored, metrics = self.collect(t)
+            rollout = scored.rollout
+            loss_mask = rollout.response_mask
+            if cfg.algo.overlong_filter:
+                loss_mask = loss_mask * algo.overlong_filter_mask(rollout.truncated)[:, None]
+            with timed(t, "old_log_prob"):
+                old = compute_logprobs(self.policy, rollout, cfg.rollout.temperature, cfg.train.micro_batch_size)
+            ref = values = None
+            if self.reference is not None:
+                with timed(t, "ref"):
+                    ref = compute_logprobs(self.reference, rollout, cfg.rollout.temperature, cfg.train.micro_batch_size)
+            if self.critic is not None:
+                with timed(t, "values"):
+                    values = self.critic.values(rollout, cfg.train.micro_batch_size)
+            with timed(t, "adv"):
+                advantages, returns = self.advantages(scored, loss_mask, values)
+            batch = TrainBatch(scored, loss_mask, old, advantages, ref, values, returns)
+            self.step_count += 1
+            lr = self.learning_rate(self.step_count)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            if self.critic is not None:
+                with timed(t, "update_critic"):
+                    critic_metrics = update_critic(self.critic, self.critic_optimizer, batch, cfg.algo, cfg.train, cfg.rollout.max_new_tokens)
+                metrics.update({f"critic/{k}": v for k, v in critic_metrics.items() if k not in ("loss",)})
+            with timed(t, "update_actor"):
+                actor_metrics = update_policy(
+                    self.policy, self.optimizer, batch, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens
+                )
+            metrics.update({f"actor/{k}": v for k, v in actor_metrics.items() if k != "loss"})
+            metrics["actor/lr"] = lr
+            metrics.update(batch_metrics(batch))
+        metrics.update(t)
+        return metrics
+
+    # ---------------------------------------------------------------- stages
+    def collect(self, t: dict[str, float]) -> tuple[ScoredBatch, dict[str, float]]:
+        """Generate and score until the train batch is full.
+
+        Without dynamic sampling one generation batch is the train batch. With it, groups
+        whose samples are all correct or all wrong (no learning signal) are dropped and
+        generation batches are drawn until ``prompts_per_step`` mixed groups are kept; the
+        surplus of the last batch is dropped (as in DAPO).
+        """
+        cfg = self.cfg
+        want = cfg.train.prompts_per_step
+        params = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
+        kept: list[ScoredBatch] = []
+        counts = defaultdict(float)
+        while True:
+            counts["batch/num_gen_batches"] += 1
+            idx = self.sampler.next_batch()
+            with timed(t, "gen"):
+                rollout = self.generator.generate([self.train_ids[i] for i in idx], cfg.rollout.n, params, self.rng)
+            with timed(t, "reward"):
+                scored = self.score(rollout, [self.train_prompts[i] for i in idx for _ in range(cfg.rollout.n)])
+            counts["batch/generated_samples"] += scored.size
+            if not cfg.algo.dynamic_sampling:
+                return scored, dict(counts)
+            all_correct, all_wrong, mixed = algo.group_outcomes(scored.acc, scored.rollout.group_ids)
+            counts["batch/dropped_all_correct"] += all_correct
+            counts["batch/dropped_all_wrong"] += all_wrong
+            counts["batch/kept_groups"] += mixed
+            keep = algo.keep_groups(scored.acc.float(), scored.rollout.group_ids)
+            kept.append(scored.select(keep.nonzero().squeeze(-1)))
+            if counts["batch/kept_groups"] >= want:
+                break
+            if counts["batch/num_gen_batches"] >= cfg.algo.max_gen_batches:
+                raise DynamicSamplingError(
+                    f"dynamic sampling: only {int(counts['batch/kept_groups'])} of {want} groups with mixed outcomes after "
+                    f"algo.max_gen_batches={cfg.algo.max_gen_batches} generation batches "
+                    f"({int(counts['batch/dropped_all_correct'])} groups all correct, {int(counts['batch/dropped_all_wrong'])} all wrong); "
+                    "raise algo.max_gen_batches or train.gen_prompts_per_step, lower train.prompts_per_step, "
+                    "or set algo.dynamic_sampling=false"
+                )
+        batch = ScoredBatch.concat(kept, self.pad_id)
+        groups = torch.unique(batch.rollout.group_ids)
+        batch = batch.select((batch.rollout.group_ids <= groups[want - 1]).nonzero().squeeze(-1))
+        counts["batch/kept_groups"] = float(want)
+        counts["batch/wasted_samples"] = counts["batch/generated_samples"] - batch.size
+        return batch, dict(counts)
+
+    def score(self, rollout, prompts: list[Prompt]) -> ScoredBatch:
+        """Decode, grade with the reward function, add the soft overlong punishment."""
+        texts = self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+        scores, acc, failed, errors = score_batch(self.reward_fn, texts, [p.ground_truth for p in prompts])
+        for error in errors[:3]:
+            self.events.emit("reward_error", self.step_count + 1, error=error)
+        a = self.cfg.algo
+        if a.overlong_buffer > 0:
+            scores = scores + algo.overlong_penalty(rollout.lengths, self.cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+        return ScoredBatch(rollout, prompts, texts, scores, acc, failed)
+
+    def advantages(self, scored: ScoredBatch, mask: torch.Tensor, values: torch.Tensor | None):
+        """(advantages [B, T], returns [B, T] or None) for algo.adv_estimator."""
+        a = self.cfg.algo
+        rollout = scored.rollout
+        if a.adv_estimator in GROUP_ESTIMATORS:
+            adv = GROUP_ESTIMATORS[a.adv_estimator](scored.scores, rollout.group_ids)
+            return adv[:, None] * mask, None
+        token_rewards = algo.outcome_to_token_rewards(scored.scores, rollout.response_mask)
+        if a.adv_estimator == "reinforce_pp":
+            adv, _ = algo.reinforce_pp(token_rewards, rollout.response_mask, a.gamma)
+            return adv * mask, None
+        adv, returns = algo.gae(token_rewards, values, rollout.response_mask, a.gamma, a.lam)
+        return adv * mask, returns
+
+    def learning_rate(self, step: int) -> float:
+        """Linear warmup over train.warmup_steps, then constant."""
+        t = self.cfg.train
+        return t.lr * min(1.0, step / t.warmup_steps) if t.warmup_steps else t.lr
+
+    # ---------------------------------------------------------------- validation
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Held-out accuracy: mean over k samples, pass@k (unbiased), greedy accuracy."""
+        cfg = self.cfg
+        n = min(cfg.eval.n_prompts, len(self.test_prompts))
+        prompts, ids, k = self.test_prompts[:n], self.test_ids[:n], cfg.eval.k
+        g = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + self.step_count)
+        sampled = self.generator.generate(ids, k, SamplingParams(cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens), g)
+        acc = self.score(sampled, [p for p in prompts for _ in range(k)]).acc.view(n, k)
+        out = {"val/acc": acc.float().mean().item()}
+        correct = acc.sum(-1).tolist()
+        for j in sorted({1, 2, 4, 8, 16, 32, 64, k} & set(range(1, k + 1))):
+            out[f"val/pass@{j}"] = sum(algo.pass_at_k(k, c, j) for c in correct) / n
+        by_source = defaultdict(list)
+        for p, a in zip(prompts, acc.float().mean(-1).tolist()):
+            by_source[p.data_source].append(a)
+        if len(by_source) > 1:
+            out.update({f"val/acc/{s}": sum(v) / len(v) for s, v in sorted(by_source.items())})
+        if cfg.eval.greedy:
+            greedy = self.generator.generate(ids, 1, SamplingParams(0.0, max_new_tokens=cfg.rollout.max_new_tokens), g)
+            out["val/acc_greedy"] = self.score(greedy, prompts).acc.float().mean().item()
+        return out
+
+    # ---------------------------------------------------------------- run
+    def run(self) -> dict[str, float]:
+        """Train to train.total_steps, resuming from the newest committed checkpoint."""
+        cfg = self.cfg
+        dump(cfg, self.run_dir / "config.yaml")
+        resumed = self.resume()
+        sink = MetricsSink(self.run_dir, cfg.train.total_steps, progress=cfg.run.progress)
+        sink.truncate_after(self.step_count)
+        self.events.emit("start", self.step_count, resumed=resumed, pid=os.getpid())
+        stop = _StopFlag()
+        start = time.time()
+        last: dict[str, float] = {}
+        try:
+            if self.step_count == 0 and cfg.eval.every_steps:
+                with timed(t := {}, "testing"):
+                    last = self.validate()
+                sink.log(0, {**last, **t, "time": time.time() - start})
+            while self.step_count < cfg.train.total_steps and not stop.set:
+                metrics = self.step()
+                every = cfg.eval.every_steps
+                if every and (self.step_count % every == 0 or self.step_count == cfg.train.total_steps):
+                    with timed(metrics, "testing"):
+                        metrics.update(self.validate())
+                metrics["time"] = time.time() - start
+                sink.log(self.step_count, metrics)
+                last.update(metrics)
+                c = cfg.checkpoint.every_steps
+                if (c and self.step_count % c == 0) or self.step_count == cfg.train.total_steps or stop.set:
+                    self.save()
+        finally:
+            stop.restore()
+            sink.close()
+        if self.step_count >= cfg.train.total_steps:
+            self.export(self.run_dir / "final")
+        return last
+
+    def export(self, out: Path) -> None:
+        """The policy as a Hugging Face model directory (loads with from_pretrained)."""
+        self.policy.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self) -> Path:
+        tensors = {"policy": self.policy.state_dict()}
+        state = {
+            "step": self.step_count,
+            "config_hash": config_hash(self.cfg),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": capture_rng({"rollout": self.rng}),
+        }
+        if self.critic is not None:
+            tensors["critic"] = self.critic.state_dict()
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+        path = save_checkpoint(self.run_dir / "checkpoints", self.step_count, tensors, state, self.cfg.checkpoint.keep)
+        self.events.emit("checkpoint", self.step_count, path=str(path))
+        return path
+
+    def resume(self) -> bool:
+        """Load the newest valid committed checkpoint, if any; refuse an incompatible config."""
+        root = self.run_dir / "checkpoints"
+        for info in list_checkpoints(root) if root.exists() else []:
+            if not info.valid:
+                self.events.emit("checkpoint_skipped", info.step, path=str(info.path), reason=info.reason)
+        path = find_latest(root) if root.exists() else None
+        if path is None:
+            return False
+        step, tensors, state = load_checkpoint(path)
+        if state["config_hash"] != config_hash(self.cfg):
+            raise ResumeError(
+                f"{self.run_dir}: the checkpoint {path} was written with a different configuration "
+                f"(hash {state['config_hash'][:12]} vs {config_hash(self.cfg)[:12]}); only run.dir, run.progress, run.threads, "
+                "train.total_steps, eval.every_steps and checkpoint.* may change on resume. Use a new run.dir."
+            )
+        self.policy.load_state_dict(tensors["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.critic is not None:
+            self.critic.load_state_dict(tensors["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        restore_rng(state["rng"], {"rollout": self.rng})
+        self.step_count = step
+        self.events.emit("resume", step, from_step=step, path=str(path))
+        self.log(f"resumed from {path} (step {step})")
+        return True
+
+    # ---------------------------------------------------------------- helpers
+    def _tokenize(self, prompts: list[Prompt], source: str) -> list[list[int]]:
+        limit = self.cfg.data.max_prompt_len
+        out = []
+        for p in prompts:
+            ids = self.tokenizer(render_prompt(p, self.tokenizer))["input_ids"]
+            if len(ids) > limit:
+                raise ValueError(f"data.max_prompt_len: prompt {p.id} of {source} has {len(ids)} tokens, more than {limit}")
+            out.append(ids)
+        return out
+
+    @staticmethod
+    def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+        ref = copy.deepcopy(model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+
+def batch_metrics(batch: TrainBatch) -> dict[str, float]:
+    """Rewards, advantages, lengths and accuracy of the train batch (verl names)."""
+    s, r = batch.scored, batch.scored.rollout
+    valid = r.response_mask.bool()
+    lengths = r.lengths.float()
+    out = {
+        "critic/score/mean": s.scores.mean().item(),
+        "critic/score/max": s.scores.max().item(),
+        "critic/score/min": s.scores.min().item(),
+        "critic/advantages/mean": batch.advantages[valid].mean().item(),
+        "critic/advantages/max": batch.advantages[valid].max().item(),
+        "critic/advantages/min": batch.advantages[valid].min().item(),
+        "response_length/mean": lengths.mean().item(),
+        "response_length/max": lengths.max().item(),
+        "response_length/clip_ratio": r.truncated.float().mean().item(),
+        "train/acc": s.acc.float().mean().item(),
+        "train/reward_failed": s.failed.float().sum().item(),
+    }
+    if batch.returns is not None:
+        out["critic/returns/mean"] = batch.returns[valid].mean().item()
+        out["critic/values/mean"] = batch.values[valid].mean().item()
+    return out
+
+
+class _StopFlag:
+    """Set on SIGTERM: the run checkpoints after the current step and exits cleanly."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.set = True
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self._previous)

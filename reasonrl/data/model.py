@@ -1,0 +1,73 @@
+"""Build the tiny embedded decoder, and load any local Hugging Face causal LM.
+
+The embedded model is a Qwen2 decoder built from a config (no download); after the
+warm start it is saved with ``save_pretrained``, so policy, reference and critic are then
+loaded through the same ``load_model`` path as a real checkpoint directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_tiny_model(
+    vocab_size: int,
+    hidden_size: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate_size: int,
+    pad_id: int,
+    eos_id: int,
+    seed: int,
+    max_positions: int = 256,
+) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=eos_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Qwen2ForCausalLM(config)
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
+    """A causal LM from a local Hugging Face model directory (nothing is downloaded)."""
+    _check_model_dir(path)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], local_files_only=True)
+    return model.to(device)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved beside a model; it must define an EOS token (padding falls back to it)."""
+    _check_model_dir(path)
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if tok.eos_token_id is None:
+        raise ValueError(f"model.path: the tokenizer in {path} has no eos_token; set one in tokenizer_config.json")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def _check_model_dir(path: str | Path) -> None:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path: {p} is not a Hugging Face model directory (no config.json there); "
+            "give 'embedded' or a local directory written by save_pretrained"
+        )

@@ -1,0 +1,123 @@
+"""Supervised warm start of the embedded model, cached on disk by its settings.
+
+The tiny model is trained on worked solutions of the embedded task until its greedy
+accuracy on held-out problems reaches ``sft.target_acc`` (on purpose well below
+perfect, so that reinforcement learning has room to improve it), then saved with its
+tokenizer as a Hugging Face model directory under
+``$REASONRL_CACHE/warmstart/<hash of the settings>/`` (default cache: ``~/.cache/reasonrl``).
+A second call with the same settings only returns the directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from reasonrl.config import SFTConfig
+from reasonrl.data import tasks
+from reasonrl.data.model import build_tiny_model
+from reasonrl.data.tokenizer import build_char_tokenizer
+from reasonrl.reward.math import dapo_score
+from reasonrl.rollout.hf import HFGenerator
+from reasonrl.types import SamplingParams
+
+FORMAT_VERSION = 1
+"""Bump when the task, tokenizer or training code changes what a cached model is."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("REASONRL_CACHE", Path.home() / ".cache" / "reasonrl"))
+
+
+def warm_start_dir(cfg: SFTConfig, families: tuple[str, ...]) -> Path:
+    key = json.dumps({"sft": asdict(cfg), "families": list(families), "v": FORMAT_VERSION}, sort_keys=True)
+    return cache_root() / "warmstart" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def ensure_warm_start(cfg: SFTConfig, families: tuple[str, ...], log: Callable[[str], None] = print) -> Path:
+    """The cached warm-start model directory, training it first if it is not there yet."""
+    out = warm_start_dir(cfg, families)
+    if (out / "sft_summary.json").is_file():
+        return out
+    log(f"warm start: training the embedded model (cached in {out})")
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    summary = train_sft(cfg, families, tmp, log)
+    (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def greedy_accuracy(model, tokenizer, problems: list[tasks.Problem], max_new_tokens: int) -> float:
+    """Fraction of problems whose greedy response earns the DAPO reward."""
+    gen = HFGenerator(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    prompts = [tokenizer(p.question)["input_ids"] for p in problems]
+    batch = gen.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens), torch.Generator().manual_seed(0))
+    texts = tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
+    return sum(dapo_score(t, str(p.answer))["acc"] for t, p in zip(texts, problems)) / len(problems)
+
+
+def train_sft(cfg: SFTConfig, families: tuple[str, ...], out_dir: Path, log: Callable[[str], None] = print) -> dict:
+    """Train until greedy held-out accuracy >= cfg.target_acc (or cfg.max_steps); save to out_dir."""
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        layers=cfg.layers,
+        heads=cfg.heads,
+        kv_heads=cfg.kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        pad_id=tokenizer.pad_token_id,
+        eos_id=tokenizer.eos_token_id,
+        seed=cfg.seed,
+    )
+    train = tasks.generate(families, cfg.batch_size * cfg.max_steps // 4 + cfg.batch_size, cfg.seed, "train")
+    held_out = tasks.generate(families, cfg.eval_size, cfg.seed + 1, "test")
+    max_new = max(len(tokenizer(p.solution)["input_ids"]) for p in held_out) + 8
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    start, acc, step = time.time(), 0.0, 0
+    for step in range(1, cfg.max_steps + 1):
+        idx = torch.randint(len(train), (cfg.batch_size,), generator=gen).tolist()
+        input_ids, labels, attn = _sft_batch([train[i] for i in idx], tokenizer)
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * min(1.0, step / 20)
+        model.train()
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % cfg.eval_every == 0:
+            acc = greedy_accuracy(model, tokenizer, held_out, max_new)
+            log(f"warm start step {step}: loss {loss.item():.3f}, held-out greedy accuracy {acc:.3f}")
+            if acc >= cfg.target_acc:
+                break
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return {"steps": step, "greedy_acc": acc, "seconds": round(time.time() - start, 1), "params": sum(p.numel() for p in model.parameters())}
+
+
+def _sft_batch(problems: list[tasks.Problem], tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded prompt+solution+EOS ids, labels (-100 on prompt and padding), attention mask."""
+    rows, label_rows = [], []
+    for p in problems:
+        q = tokenizer(p.question)["input_ids"]
+        s = tokenizer(p.solution)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(q + s)
+        label_rows.append([-100] * len(q) + s)
+    L = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([r + [pad] * (L - len(r)) for r in rows])
+    labels = torch.tensor([r + [-100] * (L - len(r)) for r in label_rows])
+    attn = torch.tensor([[1] * len(r) + [0] * (L - len(r)) for r in rows])
+    return input_ids, labels, attn

@@ -1,0 +1,108 @@
+"""The embedded task: two-digit arithmetic with a short worked solution.
+
+Every problem splits its first operand into tens and units, works the two parts and
+combines them, ending in the line ``Answer: N`` that the DAPO reward grades::
+
+    47*7=?              (prompt)
+    40*7=280            (response)
+    7*7=49
+    280+49=329
+    Answer: 329
+
+Problems are generated from a seed. Train and test splits are disjoint: a problem
+belongs to the test split when a stable hash of its question falls in the test bucket,
+so the same question never lands in both, whatever the seeds and sizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from reasonrl.types import Prompt
+
+TEST_BUCKETS = 5
+"""One question in TEST_BUCKETS (by hash) belongs to the test split."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    solution: str
+    answer: int
+    family: str
+
+
+def _add(rng: random.Random) -> Problem:
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    t, u = a // 10 * 10, a % 10
+    lines = [f"{t}+{b}={t + b}", f"{t + b}+{u}={a + b}"]
+    return _problem(f"{a}+{b}", lines, a + b, "add")
+
+
+def _sub(rng: random.Random) -> Problem:
+    a = rng.randint(20, 99)
+    b = rng.randint(10, a)
+    t, u = a // 10 * 10, a % 10
+    lines = [f"{t}-{b}={t - b}", f"{t - b}+{u}={a - b}"]
+    return _problem(f"{a}-{b}", lines, a - b, "sub")
+
+
+def _mul(rng: random.Random) -> Problem:
+    a, b = rng.randint(10, 99), rng.randint(2, 9)
+    t, u = a // 10 * 10, a % 10
+    lines = [f"{t}*{b}={t * b}", f"{u}*{b}={u * b}", f"{t * b}+{u * b}={a * b}"]
+    return _problem(f"{a}*{b}", lines, a * b, "mul")
+
+
+FAMILIES = {"add": _add, "sub": _sub, "mul": _mul}
+"""Task family name -> problem maker."""
+
+
+def _problem(expr: str, lines: list[str], answer: int, family: str) -> Problem:
+    return Problem(f"{expr}=?\n", "\n".join(lines + [f"Answer: {answer}"]), answer, family)
+
+
+def in_test_split(question: str) -> bool:
+    digest = hashlib.sha256(question.encode()).digest()
+    return digest[0] % TEST_BUCKETS == 0
+
+
+def generate(families: tuple[str, ...] | list[str], size: int, seed: int, split: str) -> list[Problem]:
+    """``size`` problems of the given split ("train" or "test"), drawn round-robin over families.
+
+    Test problems are distinct from each other; training problems may repeat.
+    """
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise ValueError(f"data.families: unknown task families {unknown or list(families)}; allowed: {sorted(FAMILIES)}")
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    rng = random.Random(f"{seed}-{split}")
+    want_test = split == "test"
+    out: list[Problem] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(out) < size:
+        attempts += 1
+        if attempts > 200 * size + 1000:
+            raise ValueError(f"cannot draw {size} distinct {split} problems from families {list(families)}")
+        p = FAMILIES[families[len(out) % len(families)]](rng)
+        if in_test_split(p.question) != want_test or (want_test and p.question in seen):
+            continue
+        seen.add(p.question)
+        out.append(p)
+    return out
+
+
+def to_prompts(problems: list[Problem], split: str) -> list[Prompt]:
+    return [
+        Prompt(
+            id=f"{split}-{i}",
+            text=p.question,
+            ground_truth=str(p.answer),
+            data_source=f"embedded/{p.family}",
+        )
+        for i, p in enumerate(problems)
+    ]

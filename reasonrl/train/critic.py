@@ -1,0 +1,45 @@
+"""The PPO critic: the policy's transformer body with a scalar value head.
+
+It is initialised from the same model directory as the policy (the language-model head
+is dropped) and predicts V(s_t), the value of the state before response token t.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModel
+
+from reasonrl.data.model import DTYPES
+from reasonrl.train.logprobs import sequence_inputs
+from reasonrl.types import RolloutBatch
+
+
+class Critic(torch.nn.Module):
+    def __init__(self, path: str | Path, dtype: str = "float32") -> None:
+        super().__init__()
+        self.body = AutoModel.from_pretrained(str(path), dtype=DTYPES[dtype], local_files_only=True)
+        self.value_head = torch.nn.Linear(self.body.config.hidden_size, 1, dtype=DTYPES[dtype])
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, rollout: RolloutBatch, rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """``(values [b, T'] for the response tokens of rows, T')``."""
+        inputs, P, T = sequence_inputs(rollout, rows)
+        hidden = self.body(**inputs, use_cache=False).last_hidden_state
+        return self.value_head(hidden[:, P - 1 : P - 1 + T]).squeeze(-1).float(), T
+
+    @torch.no_grad()
+    def values(self, rollout: RolloutBatch, micro_batch_size: int) -> torch.Tensor:
+        """Values [B, T] of every response position (0 on padding), without gradients."""
+        was_training = self.training
+        self.eval()
+        out = torch.zeros_like(rollout.response_mask)
+        try:
+            for rows in torch.arange(rollout.size).split(micro_batch_size):
+                values, T = self(rollout, rows)
+                out[rows, :T] = values
+        finally:
+            self.train(was_training)
+        return out * rollout.response_mask

@@ -1,0 +1,144 @@
+"""PPO-style updates: epochs over mini-batches, micro-batches with gradient accumulation.
+
+Each mini-batch is one optimizer step. Its loss is split over micro-batches so that
+the sum of the micro-batch losses is exactly the mini-batch loss (``aggregate`` with the
+mini-batch normaliser ``total``): gradients do not depend on the micro-batch size.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+import torch
+
+from reasonrl.algo import agg_normaliser, aggregate, kl_penalty, ppo_clip, value_loss
+from reasonrl.config import AlgoConfig, TrainConfig
+from reasonrl.train.critic import Critic
+from reasonrl.train.logprobs import policy_logprobs
+from reasonrl.types import TrainBatch
+
+MicroLoss = Callable[[torch.Tensor, float], tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+"""(rows of the micro-batch, mini-batch normaliser) -> (loss share, shares, means).
+
+``shares`` are this micro-batch's parts of mini-batch aggregates (summed over the
+micro-batches of a mini-batch); ``means`` are per-micro-batch ratios (averaged)."""
+
+
+def minibatch_steps(
+    params: list[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    mask: torch.Tensor,
+    agg: str,
+    train: TrainConfig,
+    micro_loss: MicroLoss,
+    poison: bool = False,
+) -> dict[str, float]:
+    """Run ``train.ppo_epochs`` passes over the batch in mini-batches of ``train.mini_batch_size``.
+
+    Per mini-batch: zero grads, accumulate micro-batch gradients, clip the global grad norm
+    to ``train.grad_clip``, step. A non-finite loss or grad norm skips the optimizer step
+    (counted in ``nonfinite_skips``). ``poison`` turns the loss into NaN (fault drills).
+    Returns shares summed per mini-batch then averaged over mini-batches, means averaged
+    over micro-batches, and ``grad_norm`` averaged over mini-batches.
+    """
+    sums: dict[str, list[float]] = defaultdict(list)
+    skips = 0
+    B = mask.shape[0]
+    for _ in range(train.ppo_epochs):
+        for mini in torch.arange(B).split(train.mini_batch_size):
+            total = agg_normaliser(mask[mini], agg)
+            optimizer.zero_grad(set_to_none=True)
+            shares: dict[str, float] = defaultdict(float)
+            for micro in mini.split(train.micro_batch_size):
+                loss, micro_shares, means = micro_loss(micro, total)
+                if poison:
+                    loss = loss * float("nan")
+                loss.backward()
+                shares["loss"] += loss.item()
+                for k, v in micro_shares.items():
+                    shares[k] += float(v)
+                for k, v in means.items():
+                    sums[k].append(float(v))
+            for k, v in shares.items():
+                sums[k].append(v)
+            loss_sum = shares["loss"]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
+            sums["grad_norm"].append(float(grad_norm))
+            sums["loss"].append(loss_sum)
+            if torch.isfinite(grad_norm) and torch.isfinite(torch.tensor(loss_sum)):
+                optimizer.step()
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                skips += 1
+    out = {k: sum(v) / len(v) for k, v in sums.items()}
+    out["nonfinite_skips"] = float(skips)
+    return out
+
+
+def update_policy(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainBatch,
+    algo: AlgoConfig,
+    train: TrainConfig,
+    temperature: float,
+    horizon: int,
+    poison: bool = False,
+) -> dict[str, float]:
+    """One PPO update of the policy on ``batch``.
+
+    loss = ppo_clip(logp, old, A; eps_low, eps_high, dual_clip)
+           + kl_loss_coef * agg(kl_penalty(logp, ref, kl_kind))
+           - entropy_coef * agg(entropy)
+    all aggregated with ``algo.loss_agg`` over the loss mask.
+    """
+    rollout = batch.scored.rollout
+
+    def micro_loss(rows: torch.Tensor, total: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logprobs, entropy, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=True)
+        mask = batch.loss_mask[rows, :T]
+        loss, metrics = ppo_clip(
+            logprobs,
+            batch.old_logprobs[rows, :T],
+            batch.advantages[rows, :T],
+            mask,
+            algo.eps_low,
+            algo.eps_high,
+            algo.dual_clip,
+            agg=algo.loss_agg,
+            horizon=horizon,
+            total=total,
+        )
+        shares = {"pg_loss": loss.detach()}
+        if algo.kl_loss_coef > 0:
+            kl = aggregate(kl_penalty(logprobs, batch.ref_logprobs[rows, :T], algo.kl_kind), mask, algo.loss_agg, horizon, total)
+            loss = loss + algo.kl_loss_coef * kl
+            shares["kl_loss"] = kl.detach()
+        ent = aggregate(entropy, mask, algo.loss_agg, horizon, total)
+        if algo.entropy_coef > 0:
+            loss = loss - algo.entropy_coef * ent
+        shares["entropy"] = ent.detach()
+        return loss, shares, metrics
+
+    model.train()
+    return minibatch_steps(list(model.parameters()), optimizer, batch.loss_mask, algo.loss_agg, train, micro_loss, poison)
+
+
+def update_critic(
+    critic: Critic, optimizer: torch.optim.Optimizer, batch: TrainBatch, algo: AlgoConfig, train: TrainConfig, horizon: int
+) -> dict[str, float]:
+    """One update of the critic: value_coef * 0.5 * agg(max((V - R)^2, (clip(V, V_old +- c) - R)^2))."""
+    rollout = batch.scored.rollout
+
+    def micro_loss(rows: torch.Tensor, total: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        values, T = critic(rollout, rows)
+        mask = batch.loss_mask[rows, :T]
+        loss, metrics = value_loss(
+            values, batch.values[rows, :T], batch.returns[rows, :T], mask, train.value_clip, algo.loss_agg, horizon, total
+        )
+        return train.value_coef * loss, {"vf_loss": loss.detach()}, metrics
+
+    critic.train()
+    return minibatch_steps(list(critic.parameters()), optimizer, batch.loss_mask, algo.loss_agg, train, micro_loss)
+

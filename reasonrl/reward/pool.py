@@ -1,0 +1,273 @@
+"""Reward scoring in worker processes with a timeout per sample.
+
+    with RewardPool("dapo", workers=2, timeout_s=5.0) as pool:
+        scores, acc, failed, errors = pool.score(texts, ground_truths)
+
+A sample whose reward function raises, returns something malformed or runs past the timeout
+is scored as failed (``FAILURE_SCORE``, ``acc`` False) and the batch goes on; a worker stuck
+past the timeout is killed and replaced. Too many failed samples in a row (across calls)
+raise ``RewardFailureError``: at that point the reward function is broken, not one sample.
+With ``workers=0`` samples are scored in this process, without timeouts.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import signal
+import time
+from collections import deque
+from multiprocessing.connection import wait
+
+import torch
+
+from reasonrl.reward.base import FAILURE_SCORE, RewardFn, load_reward_fn, score_batch
+
+DRILLS = ("timeout", "error")
+"""Faults ``RewardPool.score(inject=...)`` can inject into a sample."""
+
+_START_TIMEOUT_S = 120.0
+_Result = tuple[float, bool, bool, str]  # score, acc, failed, error ("" when scored)
+
+
+class RewardFailureError(RuntimeError):
+    """More consecutive reward samples failed than the pool allows."""
+
+
+def _score_one(fn: RewardFn, text: str, truth: str) -> _Result:
+    """One sample through ``score_batch``; the error without its ``sample 0:`` label."""
+    scores, acc, failed, errors = score_batch(fn, [text], [truth])
+    return scores.item(), bool(acc.item()), bool(failed.item()), errors[0].partition(": ")[2] if errors else ""
+
+
+def _injected_error(text: str, truth: str) -> dict:
+    """The reward function of an ``inject={i: "error"}`` drill."""
+    raise RuntimeError("injected reward error (fault drill)")
+
+
+def _worker_main(conn, fn_spec: str, timeout_s: float) -> None:
+    """Worker loop: load the function and send ``""`` (or the error), then receive lists of
+    ``(index, text, truth, drill)`` and send one ``(index, *result)`` per sample as it is
+    scored; ``None`` or a closed pipe ends it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    try:
+        fn = load_reward_fn(fn_spec)
+    except Exception as e:
+        conn.send(f"{type(e).__name__}: {e}")
+        return
+    try:
+        conn.send("")
+        while (chunk := conn.recv()) is not None:
+            for index, text, truth, drill in chunk:
+                if drill == "timeout":
+                    time.sleep(2 * timeout_s + 1)
+                conn.send((index, *_score_one(_injected_error if drill == "error" else fn, text, truth)))
+    except (EOFError, OSError):
+        pass
+
+
+class _Worker:
+    """One worker process, the indices it was sent and not yet answered, and when the one it
+    is scoring now times out."""
+
+    def __init__(self, ctx, fn_spec: str, timeout_s: float) -> None:
+        self.conn, child_conn = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child_conn, fn_spec, timeout_s), name="reasonrl-reward",
+                                daemon=True)
+        self.proc.start()
+        child_conn.close()
+        error = self._startup_error()
+        if error:
+            self.stop(kill=True)
+            raise RuntimeError(f"reward worker could not load {fn_spec!r}: {error}")
+        self.pending: deque[int] = deque()
+        self.deadline = math.inf
+
+    def _startup_error(self) -> str:
+        """``""`` once the worker has loaded the function, else why it could not."""
+        if not self.conn.poll(_START_TIMEOUT_S):
+            return f"no answer in {_START_TIMEOUT_S}s"
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.proc.join(timeout=1.0)
+            return f"it exited with code {self.proc.exitcode}"
+
+    def stop(self, kill: bool) -> None:
+        """End the process (asking first unless ``kill``), reap it and close the pipe."""
+        if not kill:
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.proc.join(timeout=1.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+def _start_method() -> str:
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+class RewardPool:
+    """Scores batches with the reward function ``fn_spec`` (``"dapo"``, ``"boxed"`` or
+    ``"module:function"``), each sample in a worker process with ``timeout_s`` to finish.
+
+    ``workers=0`` scores in this process: no timeouts, no process overhead, exceptions still
+    caught. Raises ``RewardFailureError`` once more than ``max_consecutive_failures`` samples
+    in a row have failed. Use as a context manager, or call ``close()``.
+    """
+
+    def __init__(self, fn_spec: str, workers: int = 1, timeout_s: float = 5.0, max_consecutive_failures: int = 50):
+        if workers < 0:
+            raise ValueError(f"RewardPool workers: got {workers}, expected >= 0")
+        if not timeout_s > 0:
+            raise ValueError(f"RewardPool timeout_s: got {timeout_s}, expected > 0")
+        self.fn_spec = fn_spec
+        self.timeout_s = timeout_s
+        self.max_consecutive_failures = max_consecutive_failures
+        self.consecutive_failures = 0
+        self._fn = load_reward_fn(fn_spec)
+        self._ctx = multiprocessing.get_context(_start_method())
+        self._workers: list[_Worker] = []
+        try:
+            for _ in range(workers):
+                self._workers.append(self._new_worker())
+        except BaseException:
+            self.close()
+            raise
+
+    def score(
+        self, texts: list[str], ground_truths: list[str], inject: dict[int, str] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+        """``scores [B] float32``, ``acc [B] bool``, ``failed [B] bool`` and one error per
+        failed sample (``"sample i: ..."``), as ``score_batch`` returns them.
+
+        ``inject`` maps sample indices to a fault drill: ``"timeout"`` (the worker sleeps past
+        the timeout; with ``workers=0`` the sample is reported as timed out at once) or
+        ``"error"`` (the reward function raises).
+        """
+        if len(texts) != len(ground_truths):
+            raise ValueError(f"RewardPool.score: {len(texts)} texts but {len(ground_truths)} ground truths")
+        drills = self._check_inject(inject or {}, len(texts))
+        if self._workers:
+            results = self._score_in_workers(texts, ground_truths, drills)
+        else:
+            pairs = enumerate(zip(texts, ground_truths))
+            results = [self._score_here(text, truth, drills.get(i)) for i, (text, truth) in pairs]
+        return self._collect(results)
+
+    def close(self) -> None:
+        """Stop and reap every worker process (idempotent)."""
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.stop(kill=False)
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _new_worker(self) -> _Worker:
+        return _Worker(self._ctx, self.fn_spec, self.timeout_s)
+
+    def _timeout_error(self) -> str:
+        return f"timeout after {self.timeout_s}s"
+
+    @staticmethod
+    def _check_inject(inject: dict[int, str], size: int) -> dict[int, str]:
+        for index, drill in inject.items():
+            if drill not in DRILLS:
+                raise ValueError(f"RewardPool.score inject[{index}]: got {drill!r}, expected one of {DRILLS}")
+            if not 0 <= index < size:
+                raise ValueError(f"RewardPool.score inject: sample index {index} is outside a batch of {size}")
+        return inject
+
+    def _score_here(self, text: str, truth: str, drill: str | None) -> _Result:
+        if drill == "timeout":
+            return FAILURE_SCORE, False, True, self._timeout_error()
+        return _score_one(_injected_error if drill == "error" else self._fn, text, truth)
+
+    def _score_in_workers(self, texts: list[str], truths: list[str], drills: dict[int, str]) -> list[_Result]:
+        """Hand out chunks of samples to idle workers until every sample has a result,
+        failing (and replacing the worker of) any sample that runs past the timeout."""
+        results: list[_Result | None] = [None] * len(texts)
+        todo = deque(range(len(texts)))
+        while todo or any(w.pending for w in self._workers):
+            self._dispatch(todo, texts, truths, drills)
+            busy = [w for w in self._workers if w.pending]
+            if not busy:
+                continue
+            timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            ready = wait([w.conn for w in busy], timeout)
+            for worker in busy:
+                if worker.conn in ready:
+                    self._receive(worker, results, todo)
+                elif worker.deadline <= time.monotonic():
+                    self._replace(worker, results, todo, self._timeout_error())
+        return results
+
+    def _dispatch(self, todo: deque[int], texts: list[str], truths: list[str], drills: dict[int, str]) -> None:
+        """Split what is left evenly over the idle workers; a worker that cannot be sent to
+        is replaced and its samples stay in ``todo``."""
+        idle = [w for w in self._workers if not w.pending]
+        for k, worker in enumerate(idle):
+            if not todo:
+                return
+            chunk = [todo.popleft() for _ in range(math.ceil(len(todo) / (len(idle) - k)))]
+            try:
+                worker.conn.send([(i, texts[i], truths[i], drills.get(i)) for i in chunk])
+            except OSError:
+                todo.extendleft(reversed(chunk))
+                self._swap(worker)
+                continue
+            worker.pending.extend(chunk)
+            worker.deadline = time.monotonic() + self.timeout_s
+
+    def _receive(self, worker: _Worker, results: list[_Result | None], todo: deque[int]) -> None:
+        """Store every result the worker has sent; a worker that died fails its current sample."""
+        try:
+            while worker.pending and worker.conn.poll():
+                index, *result = worker.conn.recv()
+                results[index] = tuple(result)
+                worker.pending.popleft()
+                worker.deadline = time.monotonic() + self.timeout_s
+        except (EOFError, OSError):
+            worker.proc.join(timeout=1.0)
+            self._replace(worker, results, todo, f"reward worker died (exit code {worker.proc.exitcode})")
+
+    def _replace(self, worker: _Worker, results: list[_Result | None], todo: deque[int], error: str) -> None:
+        """Fail the sample ``worker`` is on with ``error``, requeue the rest of its chunk and
+        put a new worker in its place."""
+        results[worker.pending.popleft()] = (FAILURE_SCORE, False, True, error)
+        todo.extendleft(reversed(worker.pending))
+        self._swap(worker)
+
+    def _swap(self, worker: _Worker) -> None:
+        worker.stop(kill=True)
+        self._workers[self._workers.index(worker)] = self._new_worker()
+
+    def _collect(self, results: list[_Result]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+        """Tensors and error lines from per-sample results; counts failures in a row."""
+        errors = []
+        for index, (_, _, failed, error) in enumerate(results):
+            if not failed:
+                self.consecutive_failures = 0
+                continue
+            errors.append(f"sample {index}: {error}")
+            self.consecutive_failures += 1
+            if self.consecutive_failures > self.max_consecutive_failures:
+                raise RewardFailureError(
+                    f"reward function {self.fn_spec!r}: {self.consecutive_failures} samples in a row failed "
+                    f"(more than max_consecutive_failures={self.max_consecutive_failures}); last error: {error}"
+                )
+        scores, accs, failed, _ = zip(*results) if results else ((), (), (), ())
+        return (
+            torch.tensor(scores, dtype=torch.float32),
+            torch.tensor(accs, dtype=torch.bool),
+            torch.tensor(failed, dtype=torch.bool),
+            errors,
+        )

@@ -1,0 +1,477 @@
+"""The process around the trainer: restart on failure, hang detection, recovery and ETTR.
+
+    result = supervise([sys.executable, "-m", "reasonrl.cli", "train", "--no-supervisor", recipe],
+                       run_dir, RestartPolicy())
+    write_summary(run_dir, summarize_run(run_dir, wall_s=result.wall_s))
+
+The child resumes from its last committed checkpoint when started again on the same run
+directory, so a restart is simply the same command run again. The supervisor classifies each
+failure, appends it to ``events.jsonl`` and, once the restarted child has logged its first new
+step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind``, ``step``):
+
+- ``crash`` (non-zero exit), ``killed`` (ended by a signal) and ``hang`` (the child's watchdog
+  wrote ``hang_dump.txt``, or the heartbeat file ``hang_dump.stage`` went stale and the
+  supervisor killed the child): ``step`` = last step in ``metrics.jsonl``, ``detect_s``,
+  ``attempt``, ``returncode``, ``stderr_tail``, ``backoff_s`` (``None`` when giving up);
+  ``killed`` adds ``signal``; ``hang`` adds ``source`` ("watchdog" or "heartbeat"), ``stage``,
+  ``stack`` (the dump, at most ``STACK_CHARS`` characters) and ``dump`` (where it was moved).
+- ``recovered``: ``step`` = first new step, ``recover_s`` (detection of the first unrecovered
+  failure to that step), ``steps_lost``, ``from_step``, ``failures`` (failures it covers).
+- ``gave_up``: ``restarts``, ``message``. ``stopped``: ``signal``, ``returncode``.
+  ``done``: ``restarts``, ``wall_s``.
+
+The child itself writes ``start`` (each start) and ``resume`` (with ``from_step``) events.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reasonrl.metrics import EventLog, read_jsonl
+
+HANG_DUMP = "hang_dump.txt"
+"""The stack dump the child's faulthandler watchdog writes before it exits."""
+
+HEARTBEAT = "hang_dump.stage"
+"""The child's heartbeat: the current stage's name; its modification time is the last beat."""
+
+STACK_CHARS = 20_000
+"""A hang event keeps at most this many characters of the stack dump."""
+
+TAIL_LINES = 50
+"""Lines of the child's stderr kept for a failure event."""
+
+LIFECYCLE_KINDS = frozenset({"start", "resume", "recovered", "done", "stopped"})
+"""Event kinds that record the run's course rather than an incident."""
+
+_POLL_S = 0.1
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When and how often to restart a failed trainer.
+
+    The k-th consecutive restart waits ``min(backoff_s * 2**k, backoff_max_s)``; a child
+    that ran at least ``reset_after_s`` before failing resets k to 0. While the child runs,
+    a heartbeat file older than ``heartbeat_timeout_s`` gets it killed as hung.
+    """
+
+    max_restarts: int = 5
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+    heartbeat_timeout_s: float = 300.0
+    reset_after_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_restarts", "backoff_s", "backoff_max_s", "reset_after_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RestartPolicy.{name}: got {getattr(self, name)}, expected a value >= 0")
+        if self.heartbeat_timeout_s <= 0:
+            raise ValueError(f"RestartPolicy.heartbeat_timeout_s: got {self.heartbeat_timeout_s}, expected > 0")
+
+    def backoff(self, k: int) -> float:
+        """Seconds to wait before the restart with backoff exponent ``k``."""
+        return min(self.backoff_s * 2**k, self.backoff_max_s)
+
+
+@dataclass
+class SupervisorResult:
+    """How supervision ended: the last child's return code (negative: killed by that signal),
+    the number of restarts, the failure events (as written) and the seconds supervised."""
+
+    returncode: int
+    restarts: int
+    incidents: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+class _StderrTail:
+    """Copies a child's stderr to ours as it arrives (progress bars included) and keeps its
+    last ``TAIL_LINES`` lines, each as a terminal would show it after carriage returns."""
+
+    def __init__(self, stream) -> None:
+        self._fd = stream.fileno()
+        self._stream = stream
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._partial = ""
+        self._thread = threading.Thread(target=self._run, name="supervisor-stderr", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while chunk := os.read(self._fd, 65536):
+            text = self._decoder.decode(chunk)
+            self._echo(chunk, text)
+            self._add(text)
+        self._stream.close()
+
+    @staticmethod
+    def _echo(chunk: bytes, text: str) -> None:
+        """Pass output on; a closed or broken stderr of ours must not stop the draining."""
+        try:
+            out = getattr(sys.stderr, "buffer", None)
+            if out is not None:
+                out.write(chunk)
+                out.flush()
+            else:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _add(self, text: str) -> None:
+        *lines, partial = (self._partial + text).split("\n")
+        self._lines.extend(line.rsplit("\r", 1)[-1] for line in lines)
+        self._partial = partial[-4096:]
+
+    def join(self, timeout: float) -> None:
+        """Wait until the child's stderr is closed (all its processes are gone)."""
+        self._thread.join(timeout)
+
+    def text(self) -> str:
+        """The kept lines, newest last."""
+        partial = self._partial.rsplit("\r", 1)[-1]
+        return "\n".join([*self._lines, partial] if partial.strip() else self._lines)
+
+
+class _Child:
+    """One run of the trainer command in its own process group, with its exit time recorded."""
+
+    def __init__(self, command: list[str], env: dict[str, str] | None) -> None:
+        self.started = time.time()
+        self.proc = subprocess.Popen(
+            command,
+            env=None if env is None else {**os.environ, **env},
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.tail = _StderrTail(self.proc.stderr)
+        self.exit_time = 0.0
+        self.exited = threading.Event()
+        threading.Thread(target=self._wait, name="supervisor-wait", daemon=True).start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.exit_time = time.time()
+        self.exited.set()
+
+    def signal(self, signum: int, group: bool = False) -> None:
+        """Send ``signum`` to the child (or to its whole process group); gone already is fine."""
+        try:
+            if group:
+                os.killpg(self.proc.pid, signum)
+            else:
+                self.proc.send_signal(signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def reap(self) -> None:
+        """After the child exited: kill what is left of its process group, drain its stderr."""
+        self.signal(signal.SIGKILL, group=True)
+        self.tail.join(timeout=5.0)
+
+
+@dataclass
+class _Pending:
+    """Failures not yet recovered from: when the first was detected, the highest step seen
+    before them, and ``metrics.jsonl`` as it was at the latest one."""
+
+    since: float
+    last_step: int
+    rows: list[dict]
+    failures: int = 1
+
+
+def _rows(path: Path) -> list[dict]:
+    return read_jsonl(path) if path.exists() else []
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+class _Supervisor:
+    """The restart loop behind ``supervise``: one child at a time, failures classified and logged."""
+
+    def __init__(self, command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None) -> None:
+        self.command = command
+        self.run_dir = run_dir
+        self.policy = policy
+        self.env = env
+        self.events = EventLog(run_dir)
+        self.metrics = run_dir / "metrics.jsonl"
+        self.restarts = 0
+        self.exponent = 0
+        self.incidents: list[dict] = []
+        self.pending: _Pending | None = None
+        self.child: _Child | None = None
+        self.stop_signal: int | None = None
+        self.wake = threading.Event()
+
+    def run(self) -> int:
+        """Run children until one succeeds, a stop signal arrives or restarts run out."""
+        started = time.monotonic()
+        while True:
+            child = self.child = _Child(self.command, self.env)
+            hang, detected = self._watch(child)
+            child.reap()
+            returncode = child.proc.returncode
+            if self.stop_signal is None and returncode == 0:
+                if self.pending is not None:
+                    self._recovered(child, finished=True)
+                self.events.emit("done", self._last_step(), restarts=self.restarts, wall_s=time.monotonic() - started)
+                return 0
+            if self.stop_signal is None:
+                incident = self._failure(child, hang, detected)
+                if incident["backoff_s"] is None:
+                    self._give_up(incident)
+                    return returncode
+                self.wake.wait(incident["backoff_s"])
+            if self.stop_signal is not None:
+                self.events.emit("stopped", self._last_step(), signal=_signal_name(self.stop_signal),
+                                 returncode=returncode)
+                return returncode
+            self.restarts += 1
+
+    def _watch(self, child: _Child) -> tuple[tuple[str, float] | None, float]:
+        """Wait for the child to exit, logging recovery and killing it if its heartbeat goes
+        stale. Returns ``(stage, detect_s)`` when it was killed for that (else None) and the
+        time the failure was noticed."""
+        hang = None
+        while not child.exited.wait(_POLL_S):
+            if self.pending is not None:
+                self._recovered(child)
+            if hang is None and self.stop_signal is None:
+                hang = self._stale_heartbeat(child)
+                if hang is not None:
+                    child.signal(signal.SIGKILL, group=True)
+        detected = time.time()
+        if self.pending is not None:
+            self._recovered(child)
+        return hang, detected
+
+    def _stale_heartbeat(self, child: _Child) -> tuple[str, float] | None:
+        beat = _mtime(self.run_dir / HEARTBEAT)
+        if beat is None:
+            return None
+        silent_s = time.time() - max(beat, child.started)
+        if silent_s <= self.policy.heartbeat_timeout_s:
+            return None
+        return self._stage(), silent_s
+
+    def _stage(self) -> str:
+        try:
+            return (self.run_dir / HEARTBEAT).read_text(encoding="utf-8", errors="replace").strip()
+        except FileNotFoundError:
+            return ""
+
+    def _last_step(self) -> int | None:
+        rows = _rows(self.metrics)
+        return rows[-1]["step"] if rows else None
+
+    def _failure(self, child: _Child, hang: tuple[str, float] | None, detected: float) -> dict[str, Any]:
+        """Classify the failed child, log it, and remember it until the run recovers."""
+        rows = _rows(self.metrics)
+        step = rows[-1]["step"] if rows else None
+        kind, fields = self._classify(child, hang, detected)
+        if detected - child.started >= self.policy.reset_after_s:
+            self.exponent = 0
+        giving_up = self.restarts >= self.policy.max_restarts
+        fields["backoff_s"] = None if giving_up else self.policy.backoff(self.exponent)
+        self.exponent += 1
+        fields["stderr_tail"] = child.tail.text()
+        self.events.emit(kind, step, **fields)
+        incident = {"kind": kind, "step": step, **fields}
+        self.incidents.append(incident)
+        self._remember(detected, step, rows)
+        self._announce(incident)
+        return incident
+
+    def _classify(self, child: _Child, hang: tuple[str, float] | None, detected: float) -> tuple[str, dict[str, Any]]:
+        """The failure's kind and its fields: a hang (killed for a stale heartbeat, or a stack
+        dump written during this attempt), a kill by a signal, or a crash."""
+        returncode = child.proc.returncode
+        fields: dict[str, Any] = {"attempt": self.restarts + 1, "returncode": returncode}
+        dump = self._move_dump(child.started)
+        if hang is None and dump is None:
+            fields["detect_s"] = detected - child.exit_time
+            if returncode < 0:
+                return "killed", {**fields, "signal": _signal_name(-returncode)}
+            return "crash", fields
+        if hang is not None:
+            (stage, detect_s), source = hang, "heartbeat"
+        else:
+            beat = max(_mtime(self.run_dir / HEARTBEAT) or 0.0, child.started)
+            stage, detect_s, source = self._stage(), detected - beat, "watchdog"
+        return "hang", {**fields, "source": source, "stage": stage, "detect_s": detect_s,
+                        **(dump or {"stack": "", "dump": ""})}
+
+    def _move_dump(self, started: float) -> dict[str, str] | None:
+        """``stack`` (at most ``STACK_CHARS`` characters) and ``dump`` (its new name) when this
+        attempt wrote ``hang_dump.txt``, which is moved to the next free ``hang_dump.<n>.txt``."""
+        dump = self.run_dir / HANG_DUMP
+        if (_mtime(dump) or 0.0) < started:
+            return None
+        stack = dump.read_text(encoding="utf-8", errors="replace")
+        n = 1
+        while (target := dump.with_name(f"hang_dump.{n}.txt")).exists():
+            n += 1
+        os.replace(dump, target)
+        if len(stack) > STACK_CHARS:
+            stack = stack[:STACK_CHARS] + f"\n... ({len(stack) - STACK_CHARS} more characters in {target.name})"
+        return {"stack": stack, "dump": target.name}
+
+    def _remember(self, detected: float, step: int | None, rows: list[dict]) -> None:
+        if self.pending is None:
+            self.pending = _Pending(since=detected, last_step=step or 0, rows=rows)
+        else:
+            self.pending.last_step = max(self.pending.last_step, step or 0)
+            self.pending.rows = rows
+            self.pending.failures += 1
+
+    def _recovered(self, child: _Child, finished: bool = False) -> None:
+        """Log ``recovered`` once the child has written a metrics row that is not one of the
+        rows from before the failure (or has finished)."""
+        pending = self.pending
+        rows = _rows(self.metrics)
+        new = next((i for i, row in enumerate(rows) if i >= len(pending.rows) or row != pending.rows[i]), None)
+        if new is None and not finished:
+            return
+        resumes = [e for e in _rows(self.events.path) if e["kind"] == "resume" and e["time"] >= child.started]
+        if resumes:
+            from_step = resumes[-1]["from_step"]
+        else:
+            from_step = rows[new]["step"] - 1 if new is not None else pending.last_step
+        step = rows[new]["step"] if new is not None else (rows[-1]["step"] if rows else None)
+        self.events.emit("recovered", step, recover_s=time.time() - pending.since,
+                         steps_lost=max(0, pending.last_step - from_step), from_step=from_step,
+                         failures=pending.failures)
+        self.pending = None
+
+    def _announce(self, incident: dict[str, Any]) -> None:
+        detail = incident.get("signal") or incident.get("stage") or f"exit code {incident['returncode']}"
+        then = ("" if incident["backoff_s"] is None else
+                f"; restart {self.restarts + 1}/{self.policy.max_restarts} in {incident['backoff_s']:.2f} s")
+        print(f"reasonrl supervisor: {incident['kind']} at step {incident['step']} ({detail}){then}",
+              file=sys.stderr, flush=True)
+
+    def _give_up(self, incident: dict[str, Any]) -> None:
+        last_line = incident["stderr_tail"].strip().rsplit("\n", 1)[-1] if incident["stderr_tail"].strip() else ""
+        message = (f"gave up after {self.restarts} restarts (RestartPolicy.max_restarts="
+                   f"{self.policy.max_restarts}): the last attempt ended with a {incident['kind']} at step "
+                   f"{incident['step']} (return code {incident['returncode']})"
+                   + (f": {last_line}" if last_line else "") + f"; see {self.events.path}")
+        self.events.emit("gave_up", incident["step"], restarts=self.restarts, message=message)
+        print(f"reasonrl supervisor: {message}", file=sys.stderr, flush=True)
+
+    def on_signal(self, signum: int, frame) -> None:
+        """Ctrl-C or SIGTERM: ask the child to checkpoint and stop (SIGTERM); a second one kills it."""
+        child = self.child
+        if self.stop_signal is None:
+            self.stop_signal = signum
+            if child is not None:
+                child.signal(signal.SIGTERM)
+        elif child is not None:
+            child.signal(signal.SIGKILL, group=True)
+        self.wake.set()
+
+
+def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None = None) -> SupervisorResult:
+    """Run ``command`` (the trainer) until it exits 0, restarting it after failures.
+
+    The child runs in its own process group with our stdout and stderr (its last stderr lines
+    are kept for the events); ``env`` adds variables to ours. Each failure is classified as a
+    hang, a kill by a signal or a crash and logged to ``run_dir/events.jsonl`` (see the module
+    docstring); after ``policy.max_restarts`` restarts a ``gave_up`` event ends supervision.
+    SIGINT and SIGTERM sent to this process (main thread only) are forwarded to the child as
+    SIGTERM, so it checkpoints and exits; that is not a failure, and a second signal kills it.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sup = _Supervisor(list(command), run_dir, policy, env)
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {signum: signal.signal(signum, sup.on_signal) for signum in _STOP_SIGNALS}
+    start = time.monotonic()
+    try:
+        returncode = sup.run()
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        if sup.child is not None and sup.child.proc.poll() is None:
+            sup.child.signal(signal.SIGKILL, group=True)
+            sup.child.proc.wait()
+    return SupervisorResult(returncode, sup.restarts, sup.incidents, time.monotonic() - start)
+
+
+def summarize_run(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
+    """Effective training time ratio and fault figures of a run directory.
+
+    ``productive_s`` sums ``timing_s/step`` over the steps in ``metrics.jsonl`` (each step
+    once, its last row); ``wall_s`` is the argument, else the time from the first ``start``
+    event to the last event (or metrics row, where rows carry a ``time``). Returns ``ettr`` =
+    productive / wall, ``wall_s``, ``productive_s``, ``time_lost_s`` = wall - productive,
+    ``mttr_s`` (mean ``recover_s`` of the ``recovered`` events, 0 without any), ``steps_lost``
+    (their sum), ``steps`` and ``incidents`` (event counts by kind, lifecycle kinds left out).
+    Note that ``supervise``'s ``wall_s`` covers one invocation only.
+    """
+    run_dir = Path(run_dir)
+    steps = {row["step"]: row for row in _rows(run_dir / "metrics.jsonl")}
+    events = _rows(run_dir / "events.jsonl")
+    productive = sum(float(row.get("timing_s/step", 0.0)) for row in steps.values())
+    if wall_s is None:
+        starts = [e["time"] for e in events if e["kind"] == "start"]
+        if not starts:
+            raise ValueError(f"{run_dir / 'events.jsonl'}: no 'start' event to measure wall time from; pass wall_s")
+        times = [e["time"] for e in events] + [row["time"] for row in steps.values() if "time" in row]
+        wall_s = max(times) - min(starts)
+    recoveries = [e for e in events if e["kind"] == "recovered"]
+    return {
+        "ettr": productive / wall_s if wall_s > 0 else 0.0,
+        "wall_s": wall_s,
+        "productive_s": productive,
+        "time_lost_s": wall_s - productive,
+        "mttr_s": sum(e["recover_s"] for e in recoveries) / len(recoveries) if recoveries else 0.0,
+        "steps_lost": sum(e["steps_lost"] for e in recoveries),
+        "steps": len(steps),
+        "incidents": dict(collections.Counter(e["kind"] for e in events if e["kind"] not in LIFECYCLE_KINDS)),
+    }
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """Write ``run_dir/summary.json`` atomically (temporary file, fsync, rename)."""
+    path = Path(run_dir) / "summary.json"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="summary.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

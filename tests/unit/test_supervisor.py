@@ -1,0 +1,205 @@
+"""The supervisor around fake trainers: restarts, failure classification, recovery, ETTR."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reasonrl.metrics import read_jsonl
+from reasonrl.supervisor import RestartPolicy, summarize_run, supervise, write_summary
+
+# A stand-in for `reasonrl train`: resumes from its checkpoint (every 2 steps), logs one
+# metrics row per step and touches its heartbeat; on its first attempt (every attempt in
+# "always" mode) it fails at step FAIL_AT the way MODE says. On SIGTERM it exits 0.
+CHILD = r"""
+import faulthandler, json, os, signal, sys, time
+from pathlib import Path
+
+run_dir, mode, fail_at, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+counter = run_dir / "attempts"
+attempt = int(counter.read_text()) + 1 if counter.exists() else 1
+counter.write_text(str(attempt))
+
+
+def append(name, row):
+    with open(run_dir / name, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def event(kind, step, **fields):
+    append("events.jsonl", {"time": time.time(), "kind": kind, "step": step, **fields})
+
+
+def stuck_in_generate():
+    time.sleep(60)
+
+
+def stop(signum, frame):
+    (run_dir / "stopped_cleanly").write_text("1")
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
+event("start", None)
+ckpt, metrics = run_dir / "ckpt", run_dir / "metrics.jsonl"
+resumed = int(ckpt.read_text()) if ckpt.exists() else 0
+if metrics.exists():
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= resumed))
+event("resume", resumed, from_step=resumed)
+for step in range(resumed + 1, steps + 1):
+    (run_dir / "hang_dump.stage").write_text("gen")
+    began = time.perf_counter()
+    time.sleep(0.01)
+    append("metrics.jsonl", {"step": step, "timing_s/step": time.perf_counter() - began, "attempt": attempt})
+    if step % 2 == 0:
+        ckpt.write_text(str(step))
+    if step != fail_at or (attempt > 1 and mode != "always"):
+        continue
+    if mode in ("crash", "always"):
+        raise RuntimeError(f"boom at step {step}")
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "hang":
+        dump = open(run_dir / "hang_dump.txt", "w")
+        faulthandler.dump_traceback_later(0.5, exit=True, file=dump)
+    if mode == "stale":
+        (run_dir / "hang_dump.stage").write_text("update")
+    if mode == "stop":
+        (run_dir / "ready").write_text("1")
+    stuck_in_generate()
+"""
+
+FAST = RestartPolicy(max_restarts=3, backoff_s=0.01, backoff_max_s=0.01)
+
+
+def run_child(tmp_path: Path, mode: str, policy: RestartPolicy = FAST, fail_at: int = 3, steps: int = 4):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    result = supervise([sys.executable, str(script), str(run_dir), mode, str(fail_at), str(steps)], run_dir, policy)
+    return result, run_dir, read_jsonl(run_dir / "events.jsonl")
+
+
+def kinds(events: list[dict]) -> list[str]:
+    return [e["kind"] for e in events]
+
+
+def test_crash_then_success_restarts_once_and_logs_recovery(tmp_path):
+    result, run_dir, events = run_child(tmp_path, "crash")
+    assert (result.returncode, result.restarts) == (0, 1)
+    assert kinds(events) == ["start", "resume", "crash", "start", "resume", "recovered", "done"]
+    crash, recovered = events[2], events[5]
+    assert crash["step"] == 3 and crash["returncode"] == 1 and crash["attempt"] == 1
+    assert "RuntimeError: boom at step 3" in crash["stderr_tail"]
+    assert 0 <= crash["detect_s"] < 1.0 and crash["backoff_s"] == 0.01
+    assert recovered["step"] == 3 and recovered["from_step"] == 2 and recovered["steps_lost"] == 1
+    assert 0 < recovered["recover_s"] < 10
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [(r["step"], r["attempt"]) for r in rows] == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    assert result.incidents == [{k: v for k, v in crash.items() if k != "time"}]
+
+
+def test_sigkill_is_classified_as_killed(tmp_path):
+    result, _, events = run_child(tmp_path, "kill")
+    assert (result.returncode, result.restarts) == (0, 1)
+    killed = events[2]
+    assert killed["kind"] == "killed" and killed["signal"] == "SIGKILL" and killed["returncode"] == -signal.SIGKILL
+    assert "recovered" in kinds(events)
+
+
+def test_watchdog_hang_puts_the_stack_in_the_event(tmp_path):
+    result, run_dir, events = run_child(tmp_path, "hang")
+    assert (result.returncode, result.restarts) == (0, 1)
+    hang = events[2]
+    assert hang["kind"] == "hang" and hang["source"] == "watchdog" and hang["stage"] == "gen"
+    assert "stuck_in_generate" in hang["stack"] and hang["dump"] == "hang_dump.1.txt"
+    assert 0.4 < hang["detect_s"] < 5.0
+    assert (run_dir / "hang_dump.1.txt").exists() and not (run_dir / "hang_dump.txt").exists()
+
+
+def test_stale_heartbeat_gets_the_child_killed_as_hung(tmp_path):
+    policy = RestartPolicy(max_restarts=1, backoff_s=0.01, heartbeat_timeout_s=1.0)
+    began = time.monotonic()
+    result, _, events = run_child(tmp_path, "stale", policy)
+    assert (result.returncode, result.restarts) == (0, 1)
+    hang = events[2]
+    assert hang["kind"] == "hang" and hang["source"] == "heartbeat" and hang["stage"] == "update"
+    assert hang["returncode"] == -signal.SIGKILL and 1.0 < hang["detect_s"] < 3.0
+    assert time.monotonic() - began < 20
+
+
+def test_gives_up_after_max_restarts(tmp_path, capfd):
+    policy = RestartPolicy(max_restarts=2, backoff_s=0.01)
+    result, _, events = run_child(tmp_path, "always", policy, fail_at=1)
+    assert result.returncode == 1 and result.restarts == 2
+    assert [i["kind"] for i in result.incidents] == ["crash"] * 3
+    assert [i["backoff_s"] for i in result.incidents] == [0.01, 0.02, None]
+    assert kinds(events)[-1] == "gave_up"
+    message = events[-1]["message"]
+    assert "gave up after 2 restarts" in message and "boom at step 1" in message
+    assert message in capfd.readouterr().err
+
+
+def test_sigterm_is_forwarded_and_is_not_a_failure(tmp_path):
+    run_dir = tmp_path / "run"
+
+    def terminate_when_ready():
+        deadline = time.monotonic() + 20
+        while not (run_dir / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_when_ready, daemon=True).start()
+    result, run_dir, events = run_child(tmp_path, "stop", fail_at=2)
+    assert (result.returncode, result.restarts, result.incidents) == (0, 0, [])
+    assert (run_dir / "stopped_cleanly").exists()
+    assert kinds(events)[-1] == "stopped" and events[-1]["signal"] == "SIGTERM"
+
+
+def test_backoff_doubles_up_to_the_cap():
+    policy = RestartPolicy(backoff_s=1.0, backoff_max_s=5.0)
+    assert [policy.backoff(k) for k in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    with pytest.raises(ValueError, match="max_restarts"):
+        RestartPolicy(max_restarts=-1)
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_summarize_run_ettr_and_mttr_by_hand(tmp_path):
+    write_rows(tmp_path / "metrics.jsonl", [{"step": s, "timing_s/step": t} for s, t in enumerate([2, 2, 3, 3, 4], 1)])
+    write_rows(tmp_path / "events.jsonl", [
+        {"time": 100.0, "kind": "start", "step": None},
+        {"time": 110.0, "kind": "crash", "step": 3},
+        {"time": 112.0, "kind": "start", "step": None},
+        {"time": 113.0, "kind": "resume", "step": 2, "from_step": 2},
+        {"time": 115.0, "kind": "recovered", "step": 3, "recover_s": 5.0, "steps_lost": 1},
+        {"time": 130.0, "kind": "hang", "step": 4},
+        {"time": 131.0, "kind": "start", "step": None},
+        {"time": 134.0, "kind": "recovered", "step": 5, "recover_s": 4.0, "steps_lost": 0},
+        {"time": 140.0, "kind": "done", "step": 5},
+    ])
+    summary = summarize_run(tmp_path)
+    # productive 2+2+3+3+4 = 14 s of wall 140 - 100 = 40 s; MTTR (5 + 4) / 2
+    assert summary["ettr"] == pytest.approx(14 / 40)
+    assert summary["time_lost_s"] == pytest.approx(26.0) and summary["mttr_s"] == pytest.approx(4.5)
+    assert summary["incidents"] == {"crash": 1, "hang": 1} and summary["steps_lost"] == 1
+    assert summarize_run(tmp_path, wall_s=28.0)["ettr"] == pytest.approx(0.5)
+    write_summary(tmp_path, summary)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+
+
+def test_summarize_run_without_start_or_wall_is_an_error(tmp_path):
+    write_rows(tmp_path / "metrics.jsonl", [{"step": 1, "timing_s/step": 1.0}])
+    with pytest.raises(ValueError, match="start"):
+        summarize_run(tmp_path)

@@ -1,0 +1,32 @@
+# make demo: create .venv, install, run the embedded DAPO example end to end (warm start included).
+# make test: install and run the test suite (slow end-to-end tests included).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+
+.PHONY: install demo test test-fast clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch first: with torch 2.13.0 already installed, nothing later pulls a CUDA build.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/reasonrl demo
+
+test: install
+	$(BIN)/python -m pytest -q --timeout=900
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow" --timeout=300
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

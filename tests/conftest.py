@@ -1,0 +1,60 @@
+"""Shared fixtures: a tiny random Qwen2 and a synthetic rollout batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from reasonrl.types import RolloutBatch
+
+PAD, EOS, VOCAB = 0, 1, 32
+
+
+def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def synthetic_rollout(B: int = 8, P: int = 5, T: int = 7, seed: int = 0) -> RolloutBatch:
+    """Left-padded prompts and right-padded responses of varied lengths (one empty response)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_len = torch.randint(2, P + 1, (B,), generator=g)
+    resp_len = torch.randint(1, T + 1, (B,), generator=g)
+    resp_len[-1] = 0
+    prompt_ids = torch.full((B, P), PAD)
+    prompt_mask = torch.zeros((B, P), dtype=torch.long)
+    response_ids = torch.full((B, T), PAD)
+    response_mask = torch.zeros((B, T))
+    for b in range(B):
+        prompt_ids[b, P - prompt_len[b] :] = torch.randint(2, VOCAB, (int(prompt_len[b]),), generator=g)
+        prompt_mask[b, P - prompt_len[b] :] = 1
+        response_ids[b, : resp_len[b]] = torch.randint(2, VOCAB, (int(resp_len[b]),), generator=g)
+        response_mask[b, : resp_len[b]] = 1
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        logprobs=torch.zeros((B, T)),
+        eos=torch.zeros(B, dtype=torch.bool),
+        truncated=torch.ones(B, dtype=torch.bool),
+        group_ids=torch.arange(B) // 4,
+    )
+
+
+@pytest.fixture
+def rollout() -> RolloutBatch:
+    return synthetic_rollout()

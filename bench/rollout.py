@@ -1,0 +1,150 @@
+"""Rollout throughput: HFGenerator vs FastGenerator vs the batched forward-pass bound.
+
+A random ~1M-parameter Qwen2 (hidden 128, 4 layers, 4 heads, 2 kv heads, intermediate
+384, vocab 100) with a bias on the EOS logit so that response lengths vary; 16 prompts x
+8 samples, prompts of ~12 tokens, at most 24 new tokens, temperature 1. Each repeat times
+HF, then fast, then one no-grad forward pass over the fast batch's full prompt+response
+sequences (the bound), so the three share the machine's noise; figures are medians.
+
+Tokens/s counts generated tokens (EOS included) for the generators and every position of
+the padded ``[B, P + T]`` input for the bound. ``other_cpu_s`` is the CPU time the rest of
+the machine used while the benchmark ran (Linux only), a measure of the noise.
+
+    python bench/rollout.py [--threads 2] [--repeats 5]
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import transformers
+
+from reasonrl.rollout.fast import FastGenerator
+from reasonrl.rollout.hf import HFGenerator
+from reasonrl.types import RolloutBatch, SamplingParams
+
+PAD, EOS, VOCAB = 0, 1, 100
+EOS_BIAS = 2.2  # about 1 in 12 steps ends a sample: lengths spread over 1..24
+
+
+def build_model(seed: int) -> torch.nn.Module:
+    """The benchmark's random Qwen2, with ``EOS_BIAS`` added to the EOS logit."""
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=384,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    bias = torch.zeros(VOCAB)
+    bias[EOS] = EOS_BIAS
+    model.lm_head.bias = torch.nn.Parameter(bias)
+    return model
+
+
+def build_prompts(count: int, seed: int) -> list[list[int]]:
+    """``count`` prompts of 10..14 tokens drawn from the non-special ids."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(10, 15, (count,), generator=g).tolist()
+    return [torch.randint(2, VOCAB, (k,), generator=g).tolist() for k in lengths]
+
+
+def busy_jiffies() -> int:
+    """CPU time all processes used since boot, in clock ticks (0 where /proc is absent)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0
+    return sum(fields) - fields[3] - fields[4]  # minus idle and iowait
+
+
+def timed_generate(generator, prompts, n, params, seed) -> tuple[float, RolloutBatch]:
+    start = time.perf_counter()
+    batch = generator.generate(prompts, n, params, torch.Generator().manual_seed(seed))
+    return time.perf_counter() - start, batch
+
+
+def timed_forward(model, batch: RolloutBatch) -> tuple[float, int]:
+    """Seconds of one no-grad forward over the padded prompt+response batch, and its token count."""
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
+    mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], 1)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    start = time.perf_counter()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=position_ids)
+    return time.perf_counter() - start, ids.numel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    model = build_model(0)
+    prompts = build_prompts(args.prompts, 0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
+    hf, fast = HFGenerator(model, PAD, EOS), FastGenerator(model, PAD, EOS)
+    timed_generate(hf, prompts, args.samples, params, 0)  # warm-up
+    timed_generate(fast, prompts, args.samples, params, 0)
+
+    rows: dict[str, list[float]] = {k: [] for k in ("hf_tok", "hf_smp", "fast_tok", "fast_smp", "bound_tok")}
+    lengths: list[float] = []
+    jiffies, own = busy_jiffies(), sum(os.times()[:2])
+    for seed in range(1, args.repeats + 1):
+        seconds, batch = timed_generate(hf, prompts, args.samples, params, seed)
+        rows["hf_tok"].append(batch.lengths.sum().item() / seconds)
+        rows["hf_smp"].append(batch.size / seconds)
+        seconds, batch = timed_generate(fast, prompts, args.samples, params, seed)
+        rows["fast_tok"].append(batch.lengths.sum().item() / seconds)
+        rows["fast_smp"].append(batch.size / seconds)
+        lengths.append(batch.lengths.float().mean().item())
+        seconds, tokens = timed_forward(model, batch)
+        rows["bound_tok"].append(tokens / seconds)
+    other_cpu_s = (busy_jiffies() - jiffies) / os.sysconf("SC_CLK_TCK") - (sum(os.times()[:2]) - own)
+
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(
+        json.dumps(
+            {
+                "bench": "rollout",
+                "params": sum(p.numel() for p in model.parameters()),
+                "threads": args.threads,
+                "batch": args.prompts * args.samples,
+                "max_new_tokens": args.max_new_tokens,
+                "mean_response_len": round(statistics.median(lengths), 2),
+                "repeats": args.repeats,
+                "hf_tokens_per_s": round(med["hf_tok"]),
+                "hf_samples_per_s": round(med["hf_smp"], 1),
+                "fast_tokens_per_s": round(med["fast_tok"]),
+                "fast_samples_per_s": round(med["fast_smp"], 1),
+                "bound_tokens_per_s": round(med["bound_tok"]),
+                "fast_over_bound": round(med["fast_tok"] / med["bound_tok"], 3),
+                "fast_over_hf": round(med["fast_tok"] / med["hf_tok"], 2),
+                "other_cpu_s": round(max(other_cpu_s, 0.0), 2),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""FastGenerator: same contract as HFGenerator, same greedy tokens, same sampling distribution."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from reasonrl.rollout.fast import FastGenerator, attention_masks
+from reasonrl.rollout.hf import HFGenerator
+from reasonrl.types import SamplingParams
+from tests.unit.test_rollout_hf import (
+    EOS,
+    PAD,
+    PROMPTS,
+    check_contract,
+    recompute_logits,
+    recomputed_logprobs,
+    tiny_qwen2,
+)
+
+
+def rows_per_call(model) -> list[int]:
+    """Record the batch size of every forward call of ``model`` (appended to the returned list)."""
+    rows: list[int] = []
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    return rows
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_greedy_equals_hf(attention):
+    # Prompt 1 ends with the trigger: its 3 rows end at once, so the batch is compacted.
+    model = tiny_qwen2(trigger_bias=30.0, attention=attention)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    hf = HFGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, torch.Generator().manual_seed(0))
+    rows = rows_per_call(model)
+    fast = FastGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, torch.Generator().manual_seed(0))
+    # One prefill of the 4 distinct prompts; prompt 1's 3 rows end at the first token and
+    # are dropped before the first decode step.
+    assert rows[:2] == [4, 9]
+    check_contract(fast, PROMPTS, 3, 12)
+    assert fast.eos.any() and fast.truncated.any()
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "eos", "truncated"):
+        assert torch.equal(getattr(fast, name), getattr(hf, name)), name
+    assert torch.equal(fast.group_ids, hf.group_ids)
+    torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-5, rtol=0)
+
+
+def test_stops_when_every_row_ended():
+    # Row 0 ends at once but is not worth compacting away (1 of 5); the others end at step 12.
+    model = tiny_qwen2(trigger_bias=30.0)
+    prompts = [PROMPTS[1]] + [PROMPTS[0]] * 4
+    rows = rows_per_call(model)
+    params = SamplingParams(temperature=0.0, max_new_tokens=30)
+    batch = FastGenerator(model, PAD, EOS).generate(prompts, 1, params, torch.Generator().manual_seed(0))
+    assert batch.lengths.tolist() == [1, 12, 12, 12, 12]
+    assert rows == [5] * 12
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, max_new_tokens=10),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=10, max_new_tokens=10),
+    ],
+)
+def test_sampling_contract_and_logprobs_match_full_forward(params):
+    model = tiny_qwen2(eos_bias=1.5)
+    batch = FastGenerator(model, PAD, EOS).generate(PROMPTS, 4, params, torch.Generator().manual_seed(3))
+    check_contract(batch, PROMPTS, 4, 10)
+    assert batch.eos.any() and batch.truncated.any()
+    expected = recomputed_logprobs(model, batch, params.temperature)
+    torch.testing.assert_close(batch.logprobs, expected, atol=1e-5, rtol=0)
+
+
+def first_token_probs(model, prompt: list[int], params: SamplingParams) -> torch.Tensor:
+    """[V] exact first-token distribution, truncated by transformers' own warpers."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, -1].float()
+    for warper in (
+        TemperatureLogitsWarper(params.temperature),
+        TopKLogitsWarper(params.top_k) if params.top_k else None,
+        TopPLogitsWarper(params.top_p) if params.top_p < 1 else None,
+    ):
+        logits = warper(ids, logits) if warper else logits
+    return torch.softmax(logits, -1)[0]
+
+
+def empirical_first_tokens(
+    generator, prompt: list[int], n: int, params: SamplingParams, seed: int
+) -> torch.Tensor:
+    """[V] frequencies of the first response token over ``n`` samples."""
+    batch = generator.generate([prompt], n, params, torch.Generator().manual_seed(seed))
+    return torch.bincount(batch.response_ids[:, 0], minlength=48).float() / n
+
+
+def tv(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Total-variation distance between two distributions over the vocabulary."""
+    return 0.5 * (p - q).abs().sum().item()
+
+
+def expected_tv(p: torch.Tensor, n: int) -> float:
+    """Expected TV between ``p`` and the frequencies of ``n`` draws from it (normal approximation)."""
+    return 0.5 * ((2 / torch.pi) ** 0.5 * (p * (1 - p) / n).sqrt()).sum().item()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.5, top_p=0.8, max_new_tokens=1),
+        SamplingParams(temperature=1.2, max_new_tokens=1),
+        SamplingParams(temperature=1.0, top_k=5, max_new_tokens=1),
+    ],
+)
+def test_first_token_distribution_matches_hf_and_exact(params):
+    model = tiny_qwen2()
+    prompt, n = PROMPTS[1], 4000
+    exact = first_token_probs(model, prompt, params)
+    tolerance = 3 * expected_tv(exact, n)
+    # The test has power: each plausible mistake moves the distribution well beyond the tolerance.
+    mistakes = [replace(params, temperature=params.temperature / 2)]
+    if params.top_p < 1 or params.top_k:
+        mistakes.append(replace(params, top_p=1.0, top_k=0))
+    for wrong in mistakes:
+        assert tv(first_token_probs(model, prompt, wrong), exact) > 2 * tolerance
+    fast = empirical_first_tokens(FastGenerator(model, PAD, EOS), prompt, n, params, 0)
+    hf = empirical_first_tokens(HFGenerator(model, PAD, EOS), prompt, n, params, 0)
+    assert tv(fast, exact) < tolerance
+    assert tv(hf, exact) < tolerance
+    assert tv(fast, hf) < 2**0.5 * tolerance
+    # The support is exact: nothing outside it, and every token with p > 0.003 was drawn.
+    assert (fast[exact == 0] == 0).all()
+    assert (fast[exact > 0.003] > 0).all()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.5, top_k=3, max_new_tokens=6),
+        SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=6),
+    ],
+)
+def test_truncation_respected(params):
+    model = tiny_qwen2()
+    batch = FastGenerator(model, PAD, EOS).generate(PROMPTS, 16, params, torch.Generator().manual_seed(4))
+    logits = recompute_logits(model, batch) / params.temperature
+    valid = batch.response_mask.bool()
+    if params.top_k:
+        in_top = (logits.topk(params.top_k, -1).indices == batch.response_ids[..., None]).any(-1)
+        assert in_top[valid].all()
+    else:
+        probs = torch.softmax(logits, -1)
+        chosen = probs.gather(-1, batch.response_ids[..., None]).squeeze(-1)
+        mass_above = (probs * (probs > chosen[..., None])).sum(-1)
+        assert (mass_above[valid] < params.top_p + 1e-5).all()
+
+
+def test_seeded_and_leaves_global_rng_alone():
+    model = tiny_qwen2(eos_bias=1.0)
+    gen = FastGenerator(model, PAD, EOS)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    torch.manual_seed(123)
+    a = gen.generate(PROMPTS, 2, params, torch.Generator().manual_seed(7))
+    after_call = torch.rand(3)
+    torch.manual_seed(123)
+    assert torch.equal(after_call, torch.rand(3))
+    b = gen.generate(PROMPTS, 2, params, torch.Generator().manual_seed(7))
+    c = gen.generate(PROMPTS, 2, params, torch.Generator().manual_seed(8))
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert a.response_ids.shape != c.response_ids.shape or not torch.equal(a.response_ids, c.response_ids)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_mode_restored(training):
+    model = tiny_qwen2()
+    model.train(training)
+    FastGenerator(model, PAD, EOS).generate(
+        PROMPTS[:1], 1, SamplingParams(max_new_tokens=2), torch.Generator().manual_seed(0)
+    )
+    assert model.training is training
+
+
+def test_unsupported_models_are_named():
+    with pytest.raises(ValueError, match="_attn_implementation.*flash_attention_2"):
+        attention_masks(torch.ones(1, 3, dtype=torch.long), 5, "flash_attention_2")
+    model = tiny_qwen2()
+    model.config.layer_types = ["full_attention", "sliding_attention"]
+    with pytest.raises(ValueError, match="layer_types.*sliding_attention"):
+        FastGenerator(model, PAD, EOS)

@@ -7,10 +7,18 @@ loaded through the same ``load_model`` path as a real checkpoint directory.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,13 +63,27 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer saved beside a model; it must define an EOS token (padding falls back to it)."""
     _check_model_dir(path)
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tok = _tokenizer_class(Path(path)).from_pretrained(str(path), local_files_only=True)
     if tok.eos_token_id is None:
         raise ValueError(f"model.path: the tokenizer in {path} has no eos_token; set one in tokenizer_config.json")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok
+
+
+def _tokenizer_class(path: Path) -> type:
+    """PreTrainedTokenizerFast for a generic `tokenizers` file, else AutoTokenizer.
+
+    AutoTokenizer picks the tokenizer class of the model type (Qwen2Tokenizer for a
+    qwen2 config), which re-builds the pipeline and would change a generic tokenizer
+    such as the embedded character-level one; a generic one is loaded exactly as saved.
+    """
+    config = path / "tokenizer_config.json"
+    generic = ("TokenizersBackend", "PreTrainedTokenizerFast")
+    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in generic:
+        return PreTrainedTokenizerFast
+    return AutoTokenizer
 
 
 def _check_model_dir(path: str | Path) -> None:

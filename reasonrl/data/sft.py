@@ -26,7 +26,7 @@ from reasonrl.data import tasks
 from reasonrl.data.model import build_tiny_model
 from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.reward.math import dapo_score
-from reasonrl.rollout.hf import HFGenerator
+from reasonrl.rollout.fast import FastGenerator
 from reasonrl.types import SamplingParams
 
 FORMAT_VERSION = 1
@@ -59,7 +59,7 @@ def ensure_warm_start(cfg: SFTConfig, families: tuple[str, ...], log: Callable[[
 
 def greedy_accuracy(model, tokenizer, problems: list[tasks.Problem], max_new_tokens: int) -> float:
     """Fraction of problems whose greedy response earns the DAPO reward."""
-    gen = HFGenerator(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    gen = FastGenerator(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
     prompts = [tokenizer(p.question)["input_ids"] for p in problems]
     batch = gen.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens), torch.Generator().manual_seed(0))
     texts = tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)

@@ -35,28 +35,31 @@ class Problem:
 
 
 def _add(rng: random.Random) -> Problem:
+    """Column addition: units (with carry out), then tens plus the carry."""
     a, b = rng.randint(10, 99), rng.randint(10, 99)
-    t, u = a // 10 * 10, a % 10
-    lines = [f"{t}+{b}={t + b}", f"{t + b}+{u}={a + b}"]
+    units = a % 10 + b % 10
+    carry = units // 10
+    lines = [f"{a % 10}+{b % 10}={units}", f"{a // 10}+{b // 10}+{carry}={a // 10 + b // 10 + carry}"]
     return _problem(f"{a}+{b}", lines, a + b, "add")
 
 
-def _sub(rng: random.Random) -> Problem:
-    a = rng.randint(20, 99)
-    b = rng.randint(10, a)
-    t, u = a // 10 * 10, a % 10
-    lines = [f"{t}-{b}={t - b}", f"{t - b}+{u}={a - b}"]
-    return _problem(f"{a}-{b}", lines, a - b, "sub")
-
-
 def _mul(rng: random.Random) -> Problem:
+    """Long multiplication by one digit: units product, then tens product plus the carry."""
     a, b = rng.randint(10, 99), rng.randint(2, 9)
-    t, u = a // 10 * 10, a % 10
-    lines = [f"{t}*{b}={t * b}", f"{u}*{b}={u * b}", f"{t * b}+{u * b}={a * b}"]
+    units = a % 10 * b
+    tens = a // 10 * b
+    lines = [f"{a % 10}*{b}={units}", f"{a // 10}*{b}={tens}", f"{tens}+{units // 10}={tens + units // 10}"]
     return _problem(f"{a}*{b}", lines, a * b, "mul")
 
 
-FAMILIES = {"add": _add, "sub": _sub, "mul": _mul}
+def _sum(rng: random.Random) -> Problem:
+    """Running sum of three digits."""
+    a, b, c = (rng.randint(1, 9) for _ in range(3))
+    lines = [f"{a}+{b}={a + b}", f"{a + b}+{c}={a + b + c}"]
+    return _problem(f"{a}+{b}+{c}", lines, a + b + c, "sum")
+
+
+FAMILIES = {"add": _add, "mul": _mul, "sum": _sum}
 """Task family name -> problem maker."""
 
 

@@ -1,0 +1,117 @@
+"""The trainer on a tiny random model: dynamic sampling, the run directory, resume, bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reasonrl.config import load
+from reasonrl.controller import DynamicSamplingError, ResumeError, Trainer
+from reasonrl.data.model import build_tiny_model, load_model
+from reasonrl.data.tokenizer import build_char_tokenizer
+from reasonrl.metrics import read_jsonl
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    tok = build_char_tokenizer()
+    build_tiny_model(len(tok), 32, 2, 4, 2, 64, tok.pad_token_id, tok.eos_token_id, seed=0).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def config(model_dir, run_dir, *overrides):
+    base = [
+        f"model.path={model_dir}",
+        f"run.dir={run_dir}",
+        "run.progress=false",
+        "data.train_size=64",
+        "data.test_size=16",
+        "rollout.n=2",
+        "rollout.max_new_tokens=8",
+        "train.prompts_per_step=4",
+        "train.mini_batch_size=4",
+        "train.micro_batch_size=2",
+        "train.total_steps=3",
+        "eval.every_steps=0",
+        "eval.n_prompts=8",
+        "reward.fn=tests.reward_fixtures:coin",
+    ]
+    return load(None, [*base, *overrides])
+
+
+def test_dynamic_sampling_refills_the_batch_with_mixed_groups(model_dir, tmp_path):
+    trainer = Trainer(config(model_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_gen_batches=20"))
+    t = {}
+    batch, counts = trainer.collect(t)
+    # Exactly 4 groups of 2, each with one right and one wrong sample.
+    assert batch.size == 8
+    for g in torch.unique(batch.rollout.group_ids):
+        assert batch.acc[batch.rollout.group_ids == g].tolist() in ([True, False], [False, True])
+    assert counts["batch/kept_groups"] == 4
+    dropped = counts["batch/dropped_all_correct"] + counts["batch/dropped_all_wrong"]
+    assert counts["batch/generated_samples"] == 8 * counts["batch/num_gen_batches"]
+    assert counts["batch/wasted_samples"] == counts["batch/generated_samples"] - 8
+    assert dropped >= 1 and counts["batch/num_gen_batches"] >= 2  # with n=2, half the groups are uniform
+
+
+def test_dynamic_sampling_gives_up_with_a_clear_error(model_dir, tmp_path):
+    trainer = Trainer(config(model_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_gen_batches=3", "reward.fn=tests.reward_fixtures:never"))
+    with pytest.raises(DynamicSamplingError, match=r"0 of 4 groups .* algo.max_gen_batches=3 .* 12 all wrong"):
+        trainer.collect({})
+
+
+def test_run_writes_the_run_directory(model_dir, tmp_path):
+    Trainer(config(model_dir, tmp_path, "eval.every_steps=3", "algo.adv_estimator=gae", "rollout.n=1")).run()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for key in ("critic/score/mean", "actor/pg_loss", "actor/pg_clipfrac", "critic/vf_loss", "response_length/mean", "timing_s/gen", "timing_s/update_critic"):
+        assert key in rows[1], key
+    assert "val/acc" in rows[0] and "val/pass@4" in rows[3] and "val/acc_greedy" in rows[3]
+    assert (tmp_path / "config.yaml").is_file() and load(tmp_path / "config.yaml").algo.adv_estimator == "gae"
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert (tmp_path / "checkpoints" / "step_3" / "COMMITTED").is_file()
+    final = load_model(tmp_path / "final")
+    torch.testing.assert_close(final.state_dict()["lm_head.weight"], load_file(tmp_path / "checkpoints/step_3/policy.safetensors")["lm_head.weight"])
+
+
+def test_resumed_run_ends_with_the_same_weights_and_rows(model_dir, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    Trainer(config(model_dir, straight, "train.total_steps=4", "eval.every_steps=2")).run()
+    Trainer(config(model_dir, split, "train.total_steps=2", "eval.every_steps=2", "checkpoint.every_steps=1")).run()
+    Trainer(config(model_dir, split, "train.total_steps=4", "eval.every_steps=2", "checkpoint.every_steps=1")).run()
+    a = load_file(straight / "checkpoints/step_4/policy.safetensors")
+    b = load_file(split / "checkpoints/step_4/policy.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    drop = lambda r: {k: v for k, v in r.items() if not k.startswith("timing_s/") and k != "time"}
+    assert [drop(r) for r in read_jsonl(straight / "metrics.jsonl")] == [drop(r) for r in read_jsonl(split / "metrics.jsonl")]
+    kinds = [e["kind"] for e in read_jsonl(split / "events.jsonl")]
+    assert "resume" in kinds
+
+
+def test_resume_with_an_incompatible_config_is_refused(model_dir, tmp_path):
+    Trainer(config(model_dir, tmp_path, "train.total_steps=1")).run()
+    with pytest.raises(ResumeError, match="different configuration"):
+        Trainer(config(model_dir, tmp_path, "train.total_steps=2", "algo.eps_high=0.3")).run()
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "reasonrl.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path):
+    bad = _cli("train", "dapo", "algo.eps_hgih=0.3")
+    assert bad.returncode == 2 and "did you mean algo.eps_high" in bad.stderr
+    low = _cli("train", "dapo", "algo.eps_high=0.1")
+    assert low.returncode == 2 and "algo.eps_high" in low.stderr and "eps_low" in low.stderr
+    missing = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path}", "data.source=/nonexistent/train.jsonl")
+    assert missing.returncode == 2 and "/nonexistent/train.jsonl" in missing.stderr
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1=?", "ground_truth": "2"}\n{"prompt": "2+2=?"}\n')
+    malformed = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path}", f"data.source={rows}")
+    assert malformed.returncode == 2 and "rows.jsonl" in malformed.stderr and "line 2" in malformed.stderr and "ground_truth" in malformed.stderr

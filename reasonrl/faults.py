@@ -4,8 +4,7 @@
     plan.fire("crash", step, stage="update")        # at the start of each stage
     if plan.poison_loss(step): loss = loss * float("nan")
     time.sleep((plan.slow_factor("gen", worker, step) - 1) * gen_seconds)
-    with plan.killing_checkpoint(step):
-        save_checkpoint(...)
+    save_checkpoint(..., after_file=plan.checkpoint_hook(step))
 
 Kinds and keys (defaults in brackets):
 
@@ -33,10 +32,9 @@ import os
 import signal
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from reasonrl.metrics import EventLog
 
@@ -285,32 +283,19 @@ class FaultPlan:
                 return kind, fault.get("count")
         return None
 
-    @contextmanager
-    def killing_checkpoint(self, step: int) -> Iterator[None]:
-        """Wrap the save of checkpoint ``step``: when a ckpt_kill fault is due, the process is
-        SIGKILLed right after the checkpoint's first file is written and fsynced (before its
-        manifest and COMMITTED marker), by wrapping ``reasonrl.checkpoint.store._write_file``
-        for the duration of the block (tests/unit/test_faults.py pins that coupling).
-        Otherwise the block runs untouched."""
+    def checkpoint_hook(self, step: int) -> Callable[[Path], None] | None:
+        """For a due ckpt_kill fault, a ``save_checkpoint(after_file=...)`` hook that SIGKILLs
+        the process right after the checkpoint's first file is written and fsynced (before
+        its manifest and COMMITTED marker); None otherwise."""
         fault = self.at("ckpt_kill", step)
         if fault is None:
-            yield
-            return
-        # Imported here so that parsing and describing plans (the supervisor, the CLI) needs no torch.
-        from reasonrl.checkpoint import store
+            return None
 
-        write_file = store._write_file
-
-        def write_then_kill(path: Path, write: Callable[[Any], Any]) -> None:
-            write_file(path, write)
+        def kill_after(path: Path) -> None:
             self.mark(fault, file=str(path))
             os.kill(os.getpid(), signal.SIGKILL)
 
-        store._write_file = write_then_kill
-        try:
-            yield
-        finally:
-            store._write_file = write_file
+        return kill_after
 
     def describe(self) -> list[dict[str, Any]]:
         """One row per fault for the drill table: spec, kind, step, params, fired, expected."""

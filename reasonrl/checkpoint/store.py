@@ -78,6 +78,7 @@ def save_checkpoint(
     tensors: dict[str, dict[str, torch.Tensor]],
     state: dict[str, Any],
     keep: int,
+    after_file: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``root/step_<step>`` atomically and return its path.
 
@@ -95,7 +96,9 @@ def save_checkpoint(
     ``.tmp-`` directories of dead writers.
 
     On an OSError the temporary directory is removed, earlier checkpoints are untouched,
-    and CheckpointWriteError names the checkpoint path and the OS error.
+    and CheckpointWriteError names the checkpoint path and the OS error. ``after_file``
+    is called with each file's path once it is written and fsynced (fault drills kill the
+    process there, mid-checkpoint).
     """
     root = Path(root)
     _check_arguments(step, tensors, state, keep)
@@ -104,7 +107,7 @@ def save_checkpoint(
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
-        marker = _write_contents(tmp, step, tensors, state)
+        marker = _write_contents(tmp, step, tensors, state, after_file)
         _publish(root, tmp, step, marker)
     except OSError as err:
         raise CheckpointWriteError(f"cannot write checkpoint {final}: {err}") from err
@@ -203,8 +206,9 @@ def _check_loadable(obj: Any, where: str) -> None:
         )
 
 
-def _write_contents(tmp: Path, step: int, tensors: dict, state: dict) -> bytes:
+def _write_contents(tmp: Path, step: int, tensors: dict, state: dict, after_file: Callable[[Path], None] | None) -> bytes:
     """Write the parts, state.pt and manifest.json into ``tmp``; return the marker bytes."""
+    written = after_file or (lambda path: None)
     for part, state_dict in tensors.items():
         clones = {
             name: t.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
@@ -213,8 +217,10 @@ def _write_contents(tmp: Path, step: int, tensors: dict, state: dict) -> bytes:
         data = safetensors_bytes(clones)
         del clones
         _write_file(tmp / f"{part}.safetensors", lambda f: f.write(data))
+        written(tmp / f"{part}.safetensors")
         del data
     _write_file(tmp / STATE_FILE, lambda f: torch.save(state, f))
+    written(tmp / STATE_FILE)
     names = [f"{part}.safetensors" for part in tensors] + [STATE_FILE]
     manifest = {
         "format": FORMAT,

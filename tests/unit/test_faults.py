@@ -142,8 +142,7 @@ CHILDREN = {
         plan = parse_faults(["ckpt_kill@2"]).bind(RUN_DIR)
         tensors = {"policy": {"w": torch.ones(4)}, "critic": {"v": torch.zeros(2)}}
         for step in (1, 2):
-            with plan.killing_checkpoint(step):
-                save_checkpoint(RUN_DIR / "checkpoints", step, tensors, {"step": step}, keep=2)
+            save_checkpoint(RUN_DIR / "checkpoints", step, tensors, {"step": step}, keep=2, after_file=plan.checkpoint_hook(step))
         print("survived", flush=True)
     """,
     "light": """

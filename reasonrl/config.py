@@ -191,6 +191,41 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class ResilienceConfig:
+    """How the run survives faults (see docs/resilience.md)."""
+
+    supervise: bool = True
+    """Run the trainer in a child process that is restarted from the last checkpoint after a
+    crash, kill or hang (``reasonrl train --no-supervisor`` runs it in-process)."""
+    max_restarts: int = 5
+    """Restarts before the supervisor gives up."""
+    backoff_s: float = 1.0
+    """First restart delay; doubles per consecutive failure (capped at 30 s)."""
+    hang_timeout_s: float = 300.0
+    """A stage that runs longer than this is a hang: stacks dumped, process restarted; 0: off."""
+    nonfinite_max_consecutive: int = 3
+    """Non-finite updates skipped in a row before rolling back to the last checkpoint."""
+    spike_window: int = 20
+    """Rolling window (steps) of the loss / grad-norm spike detector."""
+    spike_threshold: float = 10.0
+    """A value above median + threshold * robust scale (1.4826 MAD) is a spike."""
+    spike_rollback: bool = False
+    """Roll back to the last checkpoint on a spike (else only an event)."""
+    slow_ratio: float = 1.5
+    """A stage whose recent median time exceeds ratio x its baseline median is fail-slow."""
+    slow_window: int = 8
+    """Baseline window (steps) of the fail-slow detector."""
+    rollout_workers: int = 1
+    """Rollout workers sharing each generation batch; work shifts away from a slow one."""
+    reward_workers: int = 0
+    """Reward worker processes (timeouts need >= 1); 0 scores in-process."""
+    reward_timeout_s: float = 10.0
+    """A sample whose reward takes longer is scored as failed."""
+    reward_max_failures: int = 64
+    """Consecutive failed reward calls before the run stops with an error."""
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -202,6 +237,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+    faults: tuple[str, ...] = ()
+    """Injected faults ``kind@step[:key=value...]`` for drills (reasonrl/faults.py)."""
 
 
 class ConfigError(ValueError):
@@ -299,6 +337,8 @@ def config_hash(
         "checkpoint.every_steps",
         "checkpoint.keep",
         "run.threads",
+        "faults",
+        "resilience",
     ),
 ) -> str:
     """sha256 (hex) of the canonical JSON of ``to_dict(cfg)`` without the dotted keys in

@@ -13,28 +13,41 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from reasonrl import algo
-from reasonrl.checkpoint import capture_rng, find_latest, list_checkpoints, load_checkpoint, restore_rng, save_checkpoint
+from reasonrl.checkpoint import (
+    CheckpointWriteError,
+    capture_rng,
+    find_latest,
+    list_checkpoints,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from reasonrl.config import Config, config_hash, dump
 from reasonrl.data import tasks
 from reasonrl.data.datasets import load_prompts, render_prompt
 from reasonrl.data.model import load_model, load_tokenizer
 from reasonrl.data.sampler import PromptSampler
 from reasonrl.data.sft import ensure_warm_start
-from reasonrl.metrics import EventLog, MetricsSink, timed
-from reasonrl.reward import load_reward_fn, score_batch
+from reasonrl.faults import parse_faults
+from reasonrl.guards import NonFiniteGuard, SlowdownDetector, SpikeDetector, StageWatchdog, params_finite
+from reasonrl.metrics import EventLog, MetricsSink, read_jsonl, timed
+from reasonrl.reward.pool import RewardPool
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.train.critic import Critic
 from reasonrl.train.logprobs import compute_logprobs
 from reasonrl.train.update import update_critic, update_policy
-from reasonrl.types import Prompt, SamplingParams, ScoredBatch, TrainBatch
+from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch, TrainBatch
 
 GROUP_ESTIMATORS = {"grpo": algo.grpo, "dr_grpo": algo.dr_grpo, "lite_ppo": algo.lite_ppo, "rloo": algo.rloo}
 GENERATORS = {"hf": HFGenerator, "fast": FastGenerator}
@@ -84,6 +97,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         setup_torch(cfg.run.threads, cfg.run.deterministic)
         torch.manual_seed(cfg.run.seed)
+        self.events = EventLog(self.run_dir)
         self.model_dir = model_dir(cfg, log)
         device = cfg.run.device
         self.tokenizer = load_tokenizer(self.model_dir)
@@ -92,7 +106,8 @@ class Trainer:
         self.reference = self._frozen_copy(self.policy) if cfg.algo.kl_loss_coef > 0 else None
         self.critic = Critic(self.model_dir, cfg.model.dtype).to(device) if cfg.algo.adv_estimator == "gae" else None
         self.generator = GENERATORS[cfg.rollout.backend](self.policy, self.pad_id, self.eos_id)
-        self.reward_fn = load_reward_fn(cfg.reward.fn)
+        r = cfg.resilience
+        self.rewards = RewardPool(cfg.reward.fn, r.reward_workers, r.reward_timeout_s, r.reward_max_failures)
         self.train_prompts, self.test_prompts = load_splits(cfg)
         self.train_ids = self._tokenize(self.train_prompts, cfg.data.source)
         self.test_ids = self._tokenize(self.test_prompts, cfg.data.test_source or cfg.data.source)
@@ -105,7 +120,11 @@ class Trainer:
         )
         self.rng = torch.Generator().manual_seed(cfg.run.seed)
         self.step_count = 0
-        self.events = EventLog(self.run_dir)
+        self.faults = parse_faults(list(cfg.faults)).bind(self.run_dir)
+        self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
+        self.spikes = SpikeDetector(r.spike_window, r.spike_threshold, min_history=5, events=self.events)
+        self.slow = SlowdownDetector(r.slow_window, r.slow_ratio, events=self.events)
+        self.watchdog: StageWatchdog | None = None
 
     # ---------------------------------------------------------------- one step
     def step(self) -> dict[str, float]:
@@ -117,16 +136,16 @@ class Trainer:
             loss_mask = rollout.response_mask
             if cfg.algo.overlong_filter:
                 loss_mask = loss_mask * algo.overlong_filter_mask(rollout.truncated)[:, None]
-            with timed(t, "old_log_prob"):
+            with self.stage(t, "old_log_prob"):
                 old = compute_logprobs(self.policy, rollout, cfg.rollout.temperature, cfg.train.micro_batch_size)
             ref = values = None
             if self.reference is not None:
-                with timed(t, "ref"):
+                with self.stage(t, "ref"):
                     ref = compute_logprobs(self.reference, rollout, cfg.rollout.temperature, cfg.train.micro_batch_size)
             if self.critic is not None:
-                with timed(t, "values"):
+                with self.stage(t, "values"):
                     values = self.critic.values(rollout, cfg.train.micro_batch_size)
-            with timed(t, "adv"):
+            with self.stage(t, "adv"):
                 advantages, returns = self.advantages(scored, loss_mask, values)
             batch = TrainBatch(scored, loss_mask, old, advantages, ref, values, returns)
             self.step_count += 1
@@ -134,18 +153,39 @@ class Trainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             if self.critic is not None:
-                with timed(t, "update_critic"):
+                with self.stage(t, "update_critic"):
                     critic_metrics = update_critic(self.critic, self.critic_optimizer, batch, cfg.algo, cfg.train, cfg.rollout.max_new_tokens)
                 metrics.update({f"critic/{k}": v for k, v in critic_metrics.items() if k not in ("loss",)})
-            with timed(t, "update_actor"):
+            with self.stage(t, "update_actor"):
+                poison = self.faults.poison_loss(self.step_count)
                 actor_metrics = update_policy(
-                    self.policy, self.optimizer, batch, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens
+                    self.policy, self.optimizer, batch, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens, poison
                 )
             metrics.update({f"actor/{k}": v for k, v in actor_metrics.items() if k != "loss"})
+            self.guard(actor_metrics)
             metrics["actor/lr"] = lr
             metrics.update(batch_metrics(batch))
         metrics.update(t)
+        tokens = float(rollout.response_mask.sum()) or 1.0
+        self.slow.update("update_actor", 0, self.step_count, t["timing_s/update_actor"] / tokens)
         return metrics
+
+    @contextmanager
+    def stage(self, t: dict[str, float], name: str) -> Iterator[None]:
+        """A named stage: heartbeat to the hang watchdog, due crash/sigkill/hang faults, timing."""
+        if self.watchdog is not None:
+            self.watchdog.beat(name)
+        for kind in ("crash", "sigkill", "hang"):
+            self.faults.fire(kind, self.step_count + 1, stage=name)
+        with timed(t, name):
+            yield
+
+    def guard(self, actor: dict[str, float]) -> None:
+        """Non-finite and spike guards after an update; roll back to the last checkpoint when due."""
+        verdict = self.nonfinite.check(self.step_count, actor["loss"], actor["grad_norm"], params_finite(self.policy))
+        spiked = [name for name in ("grad_norm", "loss") if self.spikes.update(f"actor/{name}", self.step_count, actor[name])]
+        if verdict == "rollback" or (spiked and self.cfg.resilience.spike_rollback):
+            self.rollback(reason="non-finite updates" if verdict == "rollback" else f"spike in {', '.join(spiked)}")
 
     # ---------------------------------------------------------------- stages
     def collect(self, t: dict[str, float]) -> tuple[ScoredBatch, dict[str, float]]:
@@ -164,10 +204,10 @@ class Trainer:
         while True:
             counts["batch/num_gen_batches"] += 1
             idx = self.sampler.next_batch()
-            with timed(t, "gen"):
-                rollout = self.generator.generate([self.train_ids[i] for i in idx], cfg.rollout.n, params, self.rng)
-            with timed(t, "reward"):
-                scored = self.score(rollout, [self.train_prompts[i] for i in idx for _ in range(cfg.rollout.n)])
+            with self.stage(t, "gen"):
+                parts = self.generate(idx, params)
+            with self.stage(t, "reward"):
+                scored = ScoredBatch.concat([self.score(rollout, [self.train_prompts[i] for i in part for _ in range(cfg.rollout.n)]) for part, rollout in parts], self.pad_id)
             counts["batch/generated_samples"] += scored.size
             if not cfg.algo.dynamic_sampling:
                 return scored, dict(counts)
@@ -194,12 +234,58 @@ class Trainer:
         counts["batch/wasted_samples"] = counts["batch/generated_samples"] - batch.size
         return batch, dict(counts)
 
-    def score(self, rollout, prompts: list[Prompt]) -> ScoredBatch:
+    def rollback(self, reason: str) -> None:
+        """Restore policy, critic and optimizers from the newest valid checkpoint (or the initial
+        weights), keeping the step counter, sampler and RNG: the offending batches are skipped."""
+        began = time.time()
+        path = find_latest(self.run_dir / "checkpoints")
+        if path is None:
+            self.policy.load_state_dict(load_model(self.model_dir, self.cfg.model.dtype).state_dict())
+            self.optimizer.state.clear()
+        else:
+            _, tensors, state = load_checkpoint(path)
+            self.policy.load_state_dict(tensors["policy"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.critic is not None:
+                self.critic.load_state_dict(tensors["critic"])
+                self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.events.emit("rollback", self.step_count, reason=reason, to=str(path or self.model_dir), recover_s=time.time() - began)
+
+    def generate(self, idx: list[int], params: SamplingParams) -> list[tuple[list[int], RolloutBatch]]:
+        """Generate for prompts ``idx`` split over the rollout workers: (prompt indices, rollout) per worker.
+
+        Workers share the prompts equally; once a worker is detected fail-slow its share
+        shrinks in proportion to its speed (SlowdownDetector.weights) until it recovers.
+        Worker w's time per prompt is watched; a ``slow`` fault stretches it.
+        """
+        workers = list(range(self.cfg.resilience.rollout_workers))
+        shares = {w: 1 / len(workers) for w in workers}
+        if any(self.slow.is_slow("gen", w) for w in workers):
+            shares = self.slow.weights("gen", workers)
+        counts = _apportion(len(idx), [shares[w] for w in workers])
+        parts, start = [], 0
+        for w, count in zip(workers, counts):
+            part, start = idx[start : start + count], start + count
+            if not part:
+                continue
+            began = time.perf_counter()
+            rollout = self.generator.generate([self.train_ids[i] for i in part], self.cfg.rollout.n, params, self.rng)
+            elapsed = time.perf_counter() - began
+            factor = self.faults.slow_factor("gen", w, self.step_count + 1)
+            if factor > 1:
+                time.sleep((factor - 1) * elapsed)
+            self.slow.update("gen", w, self.step_count + 1, factor * elapsed / len(part))
+            parts.append((part, rollout))
+        return parts
+
+    def score(self, rollout: RolloutBatch, prompts: list[Prompt]) -> ScoredBatch:
         """Decode, grade with the reward function, add the soft overlong punishment."""
         texts = self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
-        scores, acc, failed, errors = score_batch(self.reward_fn, texts, [p.ground_truth for p in prompts])
-        for error in errors[:3]:
-            self.events.emit("reward_error", self.step_count + 1, error=error)
+        fault = self.faults.reward_fault(self.step_count + 1)
+        inject = {i: fault[0].removeprefix("reward_") for i in range(min(fault[1], len(texts)))} if fault else None
+        scores, acc, failed, errors = self.rewards.score(texts, [p.ground_truth for p in prompts], inject)
+        if errors:
+            self.events.emit("reward_failed", self.step_count + 1, samples=len(errors), errors=errors[:3])
         a = self.cfg.algo
         if a.overlong_buffer > 0:
             scores = scores + algo.overlong_penalty(rollout.lengths, self.cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
@@ -254,32 +340,45 @@ class Trainer:
         cfg = self.cfg
         dump(cfg, self.run_dir / "config.yaml")
         resumed = self.resume()
+        if not resumed:
+            self.events.emit("resume", 0, from_step=0, path=None)
         sink = MetricsSink(self.run_dir, cfg.train.total_steps, progress=cfg.run.progress)
         sink.truncate_after(self.step_count)
         self.events.emit("start", self.step_count, resumed=resumed, pid=os.getpid())
+        first_start = next(e["time"] for e in read_jsonl(self.run_dir / "events.jsonl") if e["kind"] == "start")
+        productive = sum(r.get("timing_s/step", 0.0) for r in read_jsonl(self.run_dir / "metrics.jsonl"))
         stop = _StopFlag()
         start = time.time()
         last: dict[str, float] = {}
+        if cfg.resilience.hang_timeout_s > 0:
+            self.watchdog = StageWatchdog(cfg.resilience.hang_timeout_s, self.run_dir / "hang_dump.txt")
         try:
             if self.step_count == 0 and cfg.eval.every_steps:
-                with timed(t := {}, "testing"):
+                with self.stage(t := {}, "testing"):
                     last = self.validate()
                 sink.log(0, {**last, **t, "time": time.time() - start})
             while self.step_count < cfg.train.total_steps and not stop.set:
                 metrics = self.step()
                 every = cfg.eval.every_steps
                 if every and (self.step_count % every == 0 or self.step_count == cfg.train.total_steps):
-                    with timed(metrics, "testing"):
+                    with self.stage(metrics, "testing"):
                         metrics.update(self.validate())
+                productive += metrics["timing_s/step"]
                 metrics["time"] = time.time() - start
+                metrics["ettr"] = productive / max(time.time() - first_start, 1e-9)
                 sink.log(self.step_count, metrics)
                 last.update(metrics)
                 c = cfg.checkpoint.every_steps
-                if (c and self.step_count % c == 0) or self.step_count == cfg.train.total_steps or stop.set:
-                    self.save()
+                final = self.step_count == cfg.train.total_steps
+                if (c and self.step_count % c == 0) or final or stop.set:
+                    self.checkpoint(must_succeed=final)
         finally:
+            if self.watchdog is not None:
+                self.watchdog.stop()
+                self.watchdog = None
             stop.restore()
             sink.close()
+            self.rewards.close()
         if self.step_count >= cfg.train.total_steps:
             self.export(self.run_dir / "final")
         return last
@@ -290,6 +389,19 @@ class Trainer:
         self.tokenizer.save_pretrained(out)
 
     # ---------------------------------------------------------------- checkpoints
+    def checkpoint(self, must_succeed: bool) -> None:
+        """Save a checkpoint; a failed write (disk full, permission) leaves the previous ones
+        intact and is an event and a message, and an error only for the final checkpoint."""
+        if self.watchdog is not None:
+            self.watchdog.beat("checkpoint")
+        try:
+            self.save()
+        except CheckpointWriteError as err:
+            self.events.emit("checkpoint_failed", self.step_count, error=str(err))
+            print(f"reasonrl: {err}; the previous checkpoint is intact", file=sys.stderr)
+            if must_succeed:
+                raise
+
     def save(self) -> Path:
         tensors = {"policy": self.policy.state_dict()}
         state = {
@@ -298,11 +410,14 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "sampler": self.sampler.state_dict(),
             "rng": capture_rng({"rollout": self.rng}),
+            "guards": {"nonfinite": self.nonfinite.state_dict(), "spikes": self.spikes.state_dict(), "slow": self.slow.state_dict()},
         }
         if self.critic is not None:
             tensors["critic"] = self.critic.state_dict()
             state["critic_optimizer"] = self.critic_optimizer.state_dict()
-        path = save_checkpoint(self.run_dir / "checkpoints", self.step_count, tensors, state, self.cfg.checkpoint.keep)
+        path = save_checkpoint(
+            self.run_dir / "checkpoints", self.step_count, tensors, state, self.cfg.checkpoint.keep, self.faults.checkpoint_hook(self.step_count)
+        )
         self.events.emit("checkpoint", self.step_count, path=str(path))
         return path
 
@@ -329,6 +444,9 @@ class Trainer:
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.sampler.load_state_dict(state["sampler"])
         restore_rng(state["rng"], {"rollout": self.rng})
+        self.nonfinite.load_state_dict(state["guards"]["nonfinite"])
+        self.spikes.load_state_dict(state["guards"]["spikes"])
+        self.slow.load_state_dict(state["guards"]["slow"])
         self.step_count = step
         self.events.emit("resume", step, from_step=step, path=str(path))
         self.log(f"resumed from {path} (step {step})")
@@ -375,6 +493,15 @@ def batch_metrics(batch: TrainBatch) -> dict[str, float]:
         out["critic/returns/mean"] = batch.returns[valid].mean().item()
         out["critic/values/mean"] = batch.values[valid].mean().item()
     return out
+
+
+def _apportion(total: int, shares: list[float]) -> list[int]:
+    """Split ``total`` items by ``shares`` (largest remainders), e.g. 10 by [0.5, 0.5] -> [5, 5]."""
+    exact = [total * w / sum(shares) for w in shares]
+    counts = [int(x) for x in exact]
+    for i in sorted(range(len(shares)), key=lambda i: counts[i] - exact[i])[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 class _StopFlag:

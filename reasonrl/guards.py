@@ -256,6 +256,27 @@ class SlowdownDetector:
             self.events.emit("slowdown", step, **{k: v for k, v in asdict(found).items() if k != "step"})
         return found
 
+    def is_slow(self, stage: str, worker: int) -> bool:
+        """True between the onset of a slowdown of (stage, worker) and its recovery."""
+        series = self._series.get((stage, worker))
+        return series is not None and series.slow
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            f"{stage}|{worker}": {"baseline": list(s.baseline), "recent": list(s.recent), "slow": s.slow}
+            for (stage, worker), s in self._series.items()
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._series = {}
+        for key, value in state.items():
+            stage, worker = key.rsplit("|", 1)
+            series = _Series(self.window, self.min_steps)
+            series.baseline.extend(value["baseline"])
+            series.recent.extend(value["recent"])
+            series.slow = value["slow"]
+            self._series[(stage, int(worker))] = series
+
     def weights(self, stage: str, workers: list[int]) -> dict[int, float]:
         """Work shares for ``workers`` in ``stage``, summing to 1.
 

@@ -6,6 +6,11 @@ left-padded prompts, its cache then copied to its ``n`` samples); each step then
 token per live row, never re-encoding the prefix; rows that emitted EOS are dropped from
 the work by compacting the batch and the cache.
 
+:meth:`FastGenerator.generate_stream` is the same loop with a callback that sees each
+prompt group as soon as all its ``n`` samples have ended, and may stop the loop early
+(the unfinished groups are then aborted): the building block of dynamic sampling that
+generates nothing it will throw away (:mod:`reasonrl.rollout.scheduler`).
+
 Threads: ``generate`` never changes torch's thread settings; set them in the caller. On
 CPU, use ``torch.set_num_threads`` = the cores the process has to itself: when other busy
 processes share those cores, fewer threads are faster (spinning threads wait on each other).
@@ -13,13 +18,46 @@ processes share those cores, fewer threads are faster (spinning threads wait on 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
-from reasonrl.rollout.hf import assemble, draw_seed, pad_prompts
+from reasonrl.rollout.hf import assemble, draw_seed, pad_prompts, response_mask
 from reasonrl.types import RolloutBatch, SamplingParams
 
 # Compact the batch once at most this fraction of its rows is still live.
 COMPACT_AT = 0.75
+
+
+GroupsDone = Callable[[list[int], RolloutBatch], bool]
+"""``on_groups_done(groups, rows) -> stop``: ``groups`` are the prompt indices (ascending)
+whose ``n`` samples all ended at this decode step; ``rows`` holds exactly their rows
+(``len(groups) * n``, prompt order, ``group_ids`` = prompt indices). Return True to stop
+decoding now and abort every group that has not completed."""
+
+
+@dataclass
+class StreamResult:
+    """What :meth:`FastGenerator.generate_stream` returns.
+
+    batch:           the rows of the completed groups only, in prompt order, with
+                     ``group_ids`` = the prompt index (so they may have gaps); responses
+                     trimmed to the longest among them
+    completed:       prompt indices of the completed groups, in the order they were
+                     reported (decode step, then prompt index)
+    aborted:         prompt indices of the groups aborted by an early stop (ascending)
+    aborted_samples: rows of the aborted groups (``len(aborted) * n``), ended or not
+    aborted_tokens:  tokens generated for those rows before the stop (EOS included)
+    stopped:         the callback asked to stop
+    """
+
+    batch: RolloutBatch
+    completed: list[int]
+    aborted: list[int]
+    aborted_samples: int
+    aborted_tokens: int
+    stopped: bool
 
 
 class KVCache:
@@ -168,6 +206,77 @@ class FastGenerator:
             self.model.train(was_training)
         return assemble(prompt_ids, prompt_mask, response_ids, logprobs, n, self.pad_id, self.eos_id)
 
+    def generate_stream(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+        on_groups_done: GroupsDone,
+    ) -> StreamResult:
+        """:meth:`generate`, reporting each prompt group to ``on_groups_done`` (see
+        :data:`GroupsDone`) at the decode step where its last sample ends (EOS or
+        ``max_new_tokens``), and stopping as soon as the callback returns True.
+
+        The callback does not change the sampling: every completed group has exactly the
+        tokens and log-probs that :meth:`generate` gives it for the same ``generator``
+        state (which both advance alike), and if the callback never stops the loop the
+        batch equals :meth:`generate`'s. Deterministic: no threads, no timing involved.
+        """
+        device = next(self.model.parameters()).device
+        prompt_ids, prompt_mask = pad_prompts(prompts, n, self.pad_id, device)
+        rng = torch.Generator(device=generator.device).manual_seed(draw_seed(generator))
+        G = len(prompts)
+        completed: list[int] = []
+        reported = torch.zeros(G, dtype=torch.bool)
+
+        def on_step(t: int, ended: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor) -> bool:
+            done = ended.view(G, n).all(1).cpu() & ~reported
+            if not done.any():
+                return False
+            groups = done.nonzero().squeeze(-1)
+            reported[groups] = True
+            completed.extend(groups.tolist())
+            rows = self._group_rows(groups, n, device)
+            batch = self._rows(prompt_ids, prompt_mask, tokens[:, : t + 1], logprobs[:, : t + 1], rows, n)
+            return bool(on_groups_done(groups.tolist(), batch))
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                tokens, logprobs, stopped, steps_run = self._decode(
+                    prompt_ids, prompt_mask, n, params, rng, on_step=on_step
+                )
+        finally:
+            self.model.train(was_training)
+        aborted = (~reported).nonzero().squeeze(-1)
+        aborted_rows = self._group_rows(aborted, n, device)
+        aborted_mask, _ = response_mask(tokens[aborted_rows, :steps_run], self.eos_id)
+        order = reported.nonzero().squeeze(-1)  # completed groups, prompt order
+        batch = self._rows(prompt_ids, prompt_mask, tokens, logprobs, self._group_rows(order, n, device), n)
+        return StreamResult(
+            batch=batch,
+            completed=completed,
+            aborted=aborted.tolist(),
+            aborted_samples=int(aborted_rows.numel()),
+            aborted_tokens=int(aborted_mask.sum().item()),
+            stopped=stopped,
+        )
+
+    @staticmethod
+    def _group_rows(groups: torch.Tensor, n: int, device) -> torch.Tensor:
+        """[len(groups) * n] long: the rows of prompt groups ``groups``, in that order."""
+        return (groups.to(device)[:, None] * n + torch.arange(n, device=device)).reshape(-1)
+
+    def _rows(self, prompt_ids, prompt_mask, tokens, logprobs, rows: torch.Tensor, n: int) -> RolloutBatch:
+        """The RolloutBatch of rows ``rows`` (whole groups), ``group_ids`` = prompt indices."""
+        batch = assemble(
+            prompt_ids[rows], prompt_mask[rows], tokens[rows], logprobs[rows], n, self.pad_id, self.eos_id
+        )
+        batch.group_ids = rows // n
+        return batch
+
     def _prefill(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, length: int
     ) -> tuple[KVCache, torch.Tensor, torch.Tensor]:
@@ -204,27 +313,49 @@ class FastGenerator:
         n: int,
         params: SamplingParams,
         rng: torch.Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        on_step: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], bool] | None = None,
+    ):
         """``(tokens [B, S], logprobs [B, S])`` for ``[B, P]`` prompts, each repeated ``n`` times
-        in a row; anything after a row's first EOS is garbage."""
+        in a row; anything after a row's first EOS is garbage.
+
+        With ``on_step``, it is called after each step ``t`` at which some row ended, as
+        ``on_step(t, ended [B] bool, tokens, logprobs)`` (``ended``: the row has emitted EOS or,
+        at the last step, reached ``max_new_tokens``); a True return stops the loop at once,
+        and the result is then ``(tokens, logprobs, stopped, steps run)``. The callback only
+        observes: what is sampled does not depend on it until it stops the loop.
+        """
         B, P = prompt_ids.shape
         steps = params.max_new_tokens
         device = prompt_ids.device
         tokens_out = torch.full((B, steps), self.pad_id, dtype=torch.long, device=device)
         logprobs_out = torch.zeros((B, steps), device=device)
         if steps == 0:
-            return tokens_out, logprobs_out
+            if on_step is None:
+                return tokens_out, logprobs_out
+            stopped = bool(on_step(-1, torch.ones(B, dtype=torch.bool, device=device), tokens_out, logprobs_out))
+            return tokens_out, logprobs_out, stopped, 0
         cache, logits, key_mask = self._prefill(prompt_ids, prompt_mask, n, P + steps)
         rows = torch.arange(B, device=device)  # original row of each batch row
         position = prompt_mask.sum(-1, keepdim=True)  # next position id of each batch row
         alive = torch.ones(B, dtype=torch.bool, device=device)  # no EOS yet
+        ended = torch.zeros(B, dtype=torch.bool, device=device) if on_step is not None else None
+        live_before, stopped, t = B, False, 0
         for t in range(steps):
             tokens, logprobs = sample(logits, params, rng)
             tokens_out[rows, t] = tokens
             logprobs_out[rows, t] = logprobs
             alive &= tokens != self.eos_id
             n_alive = int(alive.sum())
-            if n_alive == 0 or t == steps - 1:
+            last = n_alive == 0 or t == steps - 1
+            if on_step is not None and (n_alive < live_before or last):
+                ended[rows[~alive]] = True
+                if t == steps - 1:
+                    ended[:] = True
+                if on_step(t, ended, tokens_out, logprobs_out):
+                    stopped = True
+                    break
+            live_before = n_alive
+            if last:
                 break
             if n_alive <= COMPACT_AT * alive.shape[0]:
                 keep = alive.nonzero().squeeze(-1)
@@ -239,7 +370,9 @@ class FastGenerator:
                 use_cache=True,
             ).logits[:, -1]
             position = position + 1
-        return tokens_out, logprobs_out
+        if on_step is None:
+            return tokens_out, logprobs_out
+        return tokens_out, logprobs_out, stopped, t + 1
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """No-op: this backend samples from the trainer's own module."""

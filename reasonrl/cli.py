@@ -30,12 +30,32 @@ def _recipe(name: str | None) -> Path | None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from reasonrl.controller import Trainer
+    """Train; by default in a supervised child process that is restarted after failures."""
+    recipe = _recipe(args.recipe)
+    cfg = load(recipe, args.overrides)
+    if args.no_supervisor or not cfg.resilience.supervise:
+        from reasonrl.controller import Trainer
 
-    cfg = load(_recipe(args.recipe), args.overrides)
-    last = Trainer(cfg).run()
-    print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith("val/")}))
-    return 0
+        last = Trainer(cfg).run()
+        print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith("val/")}))
+        return 0
+    return run_supervised(cfg, [sys.executable, "-m", "reasonrl.cli", "train", "--no-supervisor", str(recipe), *args.overrides])
+
+
+def run_supervised(cfg, command: list[str]) -> int:
+    """Run ``command`` (a trainer) under the supervisor; write and print the run's summary."""
+    from reasonrl.supervisor import RestartPolicy, summarize_run, supervise, write_summary
+
+    r = cfg.resilience
+    # The parent's heartbeat check backs up the in-process watchdog, so it waits longer.
+    heartbeat = 2 * r.hang_timeout_s if r.hang_timeout_s > 0 else float("inf")
+    policy = RestartPolicy(max_restarts=r.max_restarts, backoff_s=r.backoff_s, heartbeat_timeout_s=heartbeat)
+    run_dir = Path(cfg.run.dir)
+    result = supervise(command, run_dir, policy)
+    summary = summarize_run(run_dir)
+    write_summary(run_dir, summary)
+    print(json.dumps({"restarts": result.restarts, **{k: summary[k] for k in ("ettr", "mttr_s", "time_lost_s", "steps_lost", "incidents")}}))
+    return result.returncode
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -91,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("recipe", nargs=None if needs_recipe else "?", help="recipe YAML or a name in recipes/ (dapo, grpo, ...)")
         p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
         p.set_defaults(fn=fn)
+        if name == "train":
+            p.add_argument("--no-supervisor", action="store_true", help="train in this process (no restarts after failures)")
     p = sub.add_parser("demo")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_demo)

@@ -125,11 +125,13 @@ class Trainer:
         self.spikes = SpikeDetector(r.spike_window, r.spike_threshold, min_history=5, events=self.events)
         self.slow = SlowdownDetector(r.slow_window, r.slow_ratio, events=self.events)
         self.watchdog: StageWatchdog | None = None
+        self.work_shares: dict[str, float] = {}
 
     # ---------------------------------------------------------------- one step
     def step(self) -> dict[str, float]:
         """One RL step; returns its metrics (verl names)."""
         cfg, t = self.cfg, defaultdict(float)
+        step = self.step_count + 1
         with timed(t, "step"):
             scored, metrics = self.collect(t)
             rollout = scored.rollout
@@ -148,8 +150,7 @@ class Trainer:
             with self.stage(t, "adv"):
                 advantages, returns = self.advantages(scored, loss_mask, values)
             batch = TrainBatch(scored, loss_mask, old, advantages, ref, values, returns)
-            self.step_count += 1
-            lr = self.learning_rate(self.step_count)
+            lr = self.learning_rate(step)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             if self.critic is not None:
@@ -157,17 +158,19 @@ class Trainer:
                     critic_metrics = update_critic(self.critic, self.critic_optimizer, batch, cfg.algo, cfg.train, cfg.rollout.max_new_tokens)
                 metrics.update({f"critic/{k}": v for k, v in critic_metrics.items() if k not in ("loss",)})
             with self.stage(t, "update_actor"):
-                poison = self.faults.poison_loss(self.step_count)
+                poison = self.faults.poison_loss(step)
                 actor_metrics = update_policy(
                     self.policy, self.optimizer, batch, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens, poison
                 )
             metrics.update({f"actor/{k}": v for k, v in actor_metrics.items() if k != "loss"})
-            self.guard(actor_metrics)
+            self.guard(step, actor_metrics)
             metrics["actor/lr"] = lr
             metrics.update(batch_metrics(batch))
         metrics.update(t)
+        metrics.update(self.work_shares)
         tokens = float(rollout.response_mask.sum()) or 1.0
-        self.slow.update("update_actor", 0, self.step_count, t["timing_s/update_actor"] / tokens)
+        self.slow.update("update_actor", 0, step, t["timing_s/update_actor"] / tokens)
+        self.step_count = step
         return metrics
 
     @contextmanager
@@ -180,12 +183,12 @@ class Trainer:
         with timed(t, name):
             yield
 
-    def guard(self, actor: dict[str, float]) -> None:
+    def guard(self, step: int, actor: dict[str, float]) -> None:
         """Non-finite and spike guards after an update; roll back to the last checkpoint when due."""
-        verdict = self.nonfinite.check(self.step_count, actor["loss"], actor["grad_norm"], params_finite(self.policy))
-        spiked = [name for name in ("grad_norm", "loss") if self.spikes.update(f"actor/{name}", self.step_count, actor[name])]
+        verdict = self.nonfinite.check(step, actor["loss"], actor["grad_norm"], params_finite(self.policy))
+        spiked = [name for name in ("grad_norm", "loss") if self.spikes.update(f"actor/{name}", step, actor[name])]
         if verdict == "rollback" or (spiked and self.cfg.resilience.spike_rollback):
-            self.rollback(reason="non-finite updates" if verdict == "rollback" else f"spike in {', '.join(spiked)}")
+            self.rollback(step, reason="non-finite updates" if verdict == "rollback" else f"spike in {', '.join(spiked)}")
 
     # ---------------------------------------------------------------- stages
     def collect(self, t: dict[str, float]) -> tuple[ScoredBatch, dict[str, float]]:
@@ -234,7 +237,7 @@ class Trainer:
         counts["batch/wasted_samples"] = counts["batch/generated_samples"] - batch.size
         return batch, dict(counts)
 
-    def rollback(self, reason: str) -> None:
+    def rollback(self, step: int, reason: str) -> None:
         """Restore policy, critic and optimizers from the newest valid checkpoint (or the initial
         weights), keeping the step counter, sampler and RNG: the offending batches are skipped."""
         began = time.time()
@@ -249,7 +252,7 @@ class Trainer:
             if self.critic is not None:
                 self.critic.load_state_dict(tensors["critic"])
                 self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.events.emit("rollback", self.step_count, reason=reason, to=str(path or self.model_dir), recover_s=time.time() - began)
+        self.events.emit("rollback", step, reason=reason, to=str(path or self.model_dir), recover_s=time.time() - began)
 
     def generate(self, idx: list[int], params: SamplingParams) -> list[tuple[list[int], RolloutBatch]]:
         """Generate for prompts ``idx`` split over the rollout workers: (prompt indices, rollout) per worker.
@@ -263,6 +266,8 @@ class Trainer:
         if any(self.slow.is_slow("gen", w) for w in workers):
             shares = self.slow.weights("gen", workers)
         counts = _apportion(len(idx), [shares[w] for w in workers])
+        if len(workers) > 1:
+            self.work_shares = {f"rollout/share/worker{w}": c / len(idx) for w, c in zip(workers, counts)}
         parts, start = [], 0
         for w, count in zip(workers, counts):
             part, start = idx[start : start + count], start + count

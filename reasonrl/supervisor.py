@@ -275,9 +275,9 @@ class _Supervisor:
 
     def _stale_heartbeat(self, child: _Child) -> tuple[str, float] | None:
         beat = _mtime(self.run_dir / HEARTBEAT)
-        if beat is None:
-            return None
-        silent_s = time.time() - max(beat, child.started)
+        if beat is None or beat < child.started:
+            return None  # this child has not beaten yet (start-up, warm start): nothing to time
+        silent_s = time.time() - beat
         if silent_s <= self.policy.heartbeat_timeout_s:
             return None
         return self._stage(), silent_s
@@ -432,7 +432,7 @@ def summarize_run(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
 
     ``productive_s`` sums ``timing_s/step`` over the steps in ``metrics.jsonl`` (each step
     once, its last row); ``wall_s`` is the argument, else the time from the first ``start``
-    event to the last event (or metrics row, where rows carry a ``time``). Returns ``ettr`` =
+    event to the last event (metrics rows carry only seconds since their process started). Returns ``ettr`` =
     productive / wall, ``wall_s``, ``productive_s``, ``time_lost_s`` = wall - productive,
     ``mttr_s`` (mean ``recover_s`` of the ``recovered`` events, 0 without any), ``steps_lost``
     (their sum), ``steps`` and ``incidents`` (event counts by kind, lifecycle kinds left out).
@@ -446,8 +446,7 @@ def summarize_run(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
         starts = [e["time"] for e in events if e["kind"] == "start"]
         if not starts:
             raise ValueError(f"{run_dir / 'events.jsonl'}: no 'start' event to measure wall time from; pass wall_s")
-        times = [e["time"] for e in events] + [row["time"] for row in steps.values() if "time" in row]
-        wall_s = max(times) - min(starts)
+        wall_s = max(e["time"] for e in events) - min(starts)
     recoveries = [e for e in events if e["kind"] == "recovered"]
     return {
         "ettr": productive / wall_s if wall_s > 0 else 0.0,

@@ -47,17 +47,27 @@ class StreamResult:
     completed:       prompt indices of the completed groups, in the order they were
                      reported (decode step, then prompt index)
     aborted:         prompt indices of the groups aborted by an early stop (ascending)
-    aborted_samples: rows of the aborted groups (``len(aborted) * n``), ended or not
-    aborted_tokens:  tokens generated for those rows before the stop (EOS included)
+    aborted_lengths: per row of the aborted groups (``aborted`` order, then sample), the
+                     tokens generated for it before the stop (EOS included); a row of an
+                     aborted group may have ended, its group had not
     stopped:         the callback asked to stop
     """
 
     batch: RolloutBatch
     completed: list[int]
     aborted: list[int]
-    aborted_samples: int
-    aborted_tokens: int
+    aborted_lengths: list[int]
     stopped: bool
+
+    @property
+    def aborted_samples(self) -> int:
+        """Rows of the aborted groups (``len(aborted) * n``)."""
+        return len(self.aborted_lengths)
+
+    @property
+    def aborted_tokens(self) -> int:
+        """Tokens generated for the aborted rows."""
+        return sum(self.aborted_lengths)
 
 
 class KVCache:
@@ -259,8 +269,7 @@ class FastGenerator:
             batch=batch,
             completed=completed,
             aborted=aborted.tolist(),
-            aborted_samples=int(aborted_rows.numel()),
-            aborted_tokens=int(aborted_mask.sum().item()),
+            aborted_lengths=aborted_mask.sum(-1).long().tolist(),
             stopped=stopped,
         )
 

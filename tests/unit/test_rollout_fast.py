@@ -196,3 +196,104 @@ def test_unsupported_models_are_named():
     model.config.layer_types = ["full_attention", "sliding_attention"]
     with pytest.raises(ValueError, match="layer_types.*sliding_attention"):
         FastGenerator(model, PAD, EOS)
+
+
+# ---------------------------------------------------------------- generate_stream
+
+STREAM_PROMPTS = PROMPTS * 3  # 12 groups
+
+
+def stream(gen, params, seed, stop_after: int | None, n: int = 4):
+    """generate_stream with a callback that records its calls and stops once
+    ``stop_after`` groups were reported (never when None)."""
+    calls: list[tuple[list[int], object]] = []
+
+    def on_groups_done(groups, rows):
+        calls.append((groups, rows))
+        return stop_after is not None and sum(len(g) for g, _ in calls) >= stop_after
+
+    result = gen.generate_stream(STREAM_PROMPTS, n, params, torch.Generator().manual_seed(seed), on_groups_done)
+    return result, calls
+
+
+def group_rows(groups, n: int) -> torch.Tensor:
+    return torch.tensor([g * n + j for g in groups for j in range(n)], dtype=torch.long)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, max_new_tokens=16),
+        SamplingParams(temperature=0.8, top_p=0.9, top_k=12, max_new_tokens=16),
+        SamplingParams(temperature=0.0, max_new_tokens=16),
+    ],
+)
+def test_stream_completed_groups_equal_generate(params):
+    n = 4
+    model = tiny_qwen2(eos_bias=3.0, trigger_bias=30.0)
+    gen = FastGenerator(model, PAD, EOS)
+    plain = gen.generate(STREAM_PROMPTS, n, params, torch.Generator().manual_seed(3))
+    longest = plain.lengths.view(-1, n).max(1).values
+    assert len(set(longest.tolist())) > 2  # groups complete at different steps
+
+    # Never stopped: the whole batch, identical to generate.
+    full, calls = stream(gen, params, 3, None)
+    assert not full.stopped and full.aborted == [] and full.aborted_samples == full.aborted_tokens == 0
+    assert sorted(full.completed) == list(range(len(STREAM_PROMPTS)))
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs", "eos", "truncated", "group_ids"):
+        assert torch.equal(getattr(full.batch, name), getattr(plain, name)), name
+    # Each group is reported once, at the step its longest sample ends, with its own rows.
+    steps = []
+    for groups, rows in calls:
+        assert groups == sorted(groups)
+        assert rows.group_ids.tolist() == [g for g in groups for _ in range(n)]
+        assert set(longest[groups].tolist()) == {int(rows.lengths.max())}
+        assert torch.equal(rows.response_ids, plain.response_ids[group_rows(groups, n)][:, : rows.response_ids.shape[1]])
+        steps.append(int(rows.lengths.max()))
+    assert steps == sorted(steps) and len(steps) == len(set(steps))
+
+    # Stopped after 5 groups: only the completed ones, same tokens and log-probs.
+    part, calls = stream(gen, params, 3, 5)
+    assert part.stopped and len(part.completed) >= 5 and part.aborted
+    assert part.completed == [g for groups, _ in calls for g in groups]
+    assert sorted(part.completed + part.aborted) == list(range(len(STREAM_PROMPTS)))
+    done = sorted(part.completed)
+    assert part.batch.group_ids.tolist() == [g for g in done for _ in range(n)]
+    expected = plain.select(group_rows(done, n))
+    T = part.batch.response_ids.shape[1]
+    assert T == int(expected.lengths.max())
+    for name in ("prompt_ids", "prompt_mask", "eos", "truncated"):
+        assert torch.equal(getattr(part.batch, name), getattr(expected, name)), name
+    for name in ("response_ids", "response_mask", "logprobs"):
+        assert torch.equal(getattr(part.batch, name), getattr(expected, name)[:, :T]), name
+    # Aborted: every row of the unfinished groups, with the tokens generated up to the stop.
+    stop_step = max(int(rows.lengths.max()) for _, rows in calls)
+    aborted = plain.select(group_rows(part.aborted, n))
+    assert part.aborted_samples == len(part.aborted) * n
+    assert part.aborted_lengths == aborted.lengths.clamp(max=stop_step).tolist()
+    assert part.aborted_tokens == int(aborted.lengths.clamp(max=stop_step).sum())
+    assert (longest[part.aborted] > stop_step).all()
+
+
+def test_stream_stop_ends_decoding_at_once():
+    model = tiny_qwen2(eos_bias=3.0, trigger_bias=30.0)
+    gen = FastGenerator(model, PAD, EOS)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    rows = rows_per_call(model)
+    gen.generate(STREAM_PROMPTS, 4, params, torch.Generator().manual_seed(3))
+    full_calls = len(rows)
+    rows.clear()
+    part, calls = stream(gen, params, 3, 1)
+    # Prefill, then one decode call per step until the step at which the first group ended.
+    assert len(rows) == 1 + int(calls[0][1].lengths.max()) - 1 < full_calls
+    assert part.aborted_tokens > 0
+
+
+def test_stream_with_zero_new_tokens_reports_every_group():
+    gen = FastGenerator(tiny_qwen2(), PAD, EOS)
+    calls = []
+    result = gen.generate_stream(
+        PROMPTS, 2, SamplingParams(max_new_tokens=0), torch.Generator().manual_seed(0),
+        lambda groups, rows: calls.append(groups) or False,
+    )
+    assert calls == [[0, 1, 2, 3]] and result.batch.size == 8 and result.batch.response_ids.shape[1] == 0

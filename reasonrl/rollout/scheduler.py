@@ -1,0 +1,337 @@
+"""The rollout scheduler: owns each sample from the prompt sampler to the train batch.
+
+Lifecycle of a sample (one of the ``n`` responses to a prompt)::
+
+    queued ──► generating ──► scored ──► kept
+                   │                └──► dropped (all correct | all wrong | surplus)
+                   └──► aborted
+
+``queued``: its prompt was drawn for a generation batch. ``generating``: the batch is
+being decoded. ``scored``: all ``n`` samples of its group ended and the group was graded
+(``score``). ``kept``: the group's ``acc`` values are not all equal (DAPO dynamic sampling,
+the rule of :func:`reasonrl.algo.keep_groups`) and the train batch still had room.
+``dropped``: all correct or all wrong (no learning signal), or ``surplus``: mixed but the
+batch was already full. ``aborted``: its group had not ended when the batch became full;
+decoding stopped there and the group was thrown away unscored.
+
+With dynamic sampling and a streaming generator (one with ``generate_stream``, such as
+:class:`~reasonrl.rollout.fast.FastGenerator`), groups are graded the moment they complete
+and decoding stops as soon as ``want_groups`` mixed groups are kept, so nothing is
+generated past that point. Generation batches are sized to what is still missing
+(``ceil(missing * oversample)`` prompts, or a fixed ``gen_batch_prompts``), and prompts
+are drawn from ``next_prompts`` only when a batch starts. Everything runs in the caller's
+thread, in a fixed order (decode step, then prompt index): the same seed and inputs give
+the same batch, whatever the timing.
+
+Caveat: with early stop the groups that complete first are kept, so a batch that stops
+early leans toward groups whose longest sample is short (``bench/dynamic_sampling.py``
+measures it). ``early_stop=False`` keeps the sized refills without that lean.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Callable
+
+import torch
+
+from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch
+
+ScoreFn = Callable[[RolloutBatch, list[Prompt]], ScoredBatch]
+"""``score(rollout, prompts) -> ScoredBatch``, ``prompts`` with one entry per row."""
+
+NextPrompts = Callable[[int], list[tuple[Prompt, list[int]]]]
+"""``next_prompts(k)``: the next ``k`` prompts and their token ids (advances the sampler)."""
+
+
+class DynamicSamplingError(RuntimeError):
+    """Dynamic sampling gave up: too few mixed-outcome groups within max_gen_batches."""
+
+    def __init__(self, message: str, stats: dict[str, float]) -> None:
+        super().__init__(message)
+        self.stats = stats
+
+
+class SampleState(str, Enum):
+    QUEUED = "queued"
+    GENERATING = "generating"
+    SCORED = "scored"
+    KEPT = "kept"
+    DROPPED = "dropped"
+    ABORTED = "aborted"
+
+
+@dataclass
+class Sample:
+    """One sample's record. ``gen_batch``: 0-based generation batch of the ``collect`` call;
+    ``group``: its prompt's index in that batch; ``index``: which of the ``n`` samples;
+    ``reason``: why it was dropped (``all_correct``, ``all_wrong``, ``surplus``);
+    ``tokens``: tokens generated for it (EOS included), also when aborted."""
+
+    prompt_id: str
+    gen_batch: int
+    group: int
+    index: int
+    state: SampleState = SampleState.QUEUED
+    reason: str = ""
+    tokens: int = 0
+
+
+class RolloutScheduler:
+    """Collects a train batch of ``want_groups`` groups of ``n`` scored samples.
+
+    generator:         a Generator; used in streaming mode when it has ``generate_stream``
+    score:             ``score(rollout, prompts) -> ScoredBatch`` (e.g. ``Trainer.score``)
+    n, params:         samples per prompt and how to sample
+    want_groups:       groups in the returned batch (``train.prompts_per_step``)
+    dynamic:           keep only groups with mixed outcomes (``algo.dynamic_sampling``)
+    max_gen_batches:   give up after this many generation batches (``algo.max_gen_batches``)
+    oversample:        prompts per generation batch = ``ceil(missing groups * oversample)``
+    gen_batch_prompts: if > 0, a fixed number of prompts per generation batch instead
+    early_stop:        stop decoding (and abort what is unfinished) once the batch is full;
+                       False (or a generator without ``generate_stream``) decodes whole
+                       generation batches and keeps mixed groups in prompt order
+    pad_id:            padding token id, to re-pad concatenated batches
+
+    After :meth:`collect`, ``samples`` holds every sample's record and ``timing`` the
+    seconds spent (``gen``: decoding, ``reward``: inside ``score``).
+    """
+
+    def __init__(
+        self,
+        generator,
+        score: ScoreFn,
+        n: int,
+        params: SamplingParams,
+        want_groups: int,
+        *,
+        dynamic: bool = True,
+        max_gen_batches: int = 10,
+        oversample: float = 2.0,
+        gen_batch_prompts: int = 0,
+        early_stop: bool = True,
+        pad_id: int = 0,
+    ) -> None:
+        if want_groups < 1:
+            raise ValueError(f"want_groups (train.prompts_per_step): expected >= 1, got {want_groups}")
+        if n < 1 or (dynamic and n < 2):
+            raise ValueError(f"n (rollout.n): expected >= 2 with dynamic sampling, >= 1 without, got {n}")
+        if max_gen_batches < 1:
+            raise ValueError(f"max_gen_batches (algo.max_gen_batches): expected >= 1, got {max_gen_batches}")
+        if not oversample >= 1.0:
+            raise ValueError(f"oversample: expected a factor >= 1.0, got {oversample}")
+        if gen_batch_prompts < 0:
+            raise ValueError(f"gen_batch_prompts (train.gen_prompts_per_step): expected >= 0, got {gen_batch_prompts}")
+        self.generator = generator
+        self.score = score
+        self.n = n
+        self.params = params
+        self.want_groups = want_groups
+        self.dynamic = dynamic
+        self.max_gen_batches = max_gen_batches
+        self.oversample = oversample
+        self.gen_batch_prompts = gen_batch_prompts
+        self.early_stop = early_stop
+        self.pad_id = pad_id
+        self.samples: list[Sample] = []
+        self._base: dict[int, int] = {}
+        self.timing: dict[str, float] = {}
+
+    @property
+    def streaming(self) -> bool:
+        """Whether ``collect`` decodes with early stop (dynamic, early_stop, a streaming generator)."""
+        return self.dynamic and self.early_stop and hasattr(self.generator, "generate_stream")
+
+    def batch_prompts(self, missing: int) -> int:
+        """Prompts in the next generation batch when ``missing`` groups are still wanted."""
+        if not self.dynamic:
+            return self.want_groups
+        if self.gen_batch_prompts:
+            return self.gen_batch_prompts
+        return max(missing, math.ceil(missing * self.oversample - 1e-9))
+
+    # ------------------------------------------------------------------ collect
+    def collect(
+        self, next_prompts: NextPrompts, generator: torch.Generator
+    ) -> tuple[ScoredBatch, dict[str, float]]:
+        """Generate and score until ``want_groups`` groups are kept; return ``(batch, stats)``.
+
+        The batch holds exactly ``want_groups`` groups of ``n`` rows, group ids ``0..want-1``
+        in the order the groups were kept (generation batch, then decode step at which the
+        group completed, then prompt index). Without dynamic sampling it is the single
+        generation batch of ``want_groups`` prompts, as scored. ``generator`` seeds the
+        sampling (one draw per generation batch). Raises :class:`DynamicSamplingError` when
+        ``max_gen_batches`` batches did not yield enough mixed groups.
+        """
+        self.samples = []
+        self._base: dict[int, int] = {}
+        self.timing = {"gen": 0.0, "reward": 0.0}
+        start = time.perf_counter()
+        try:
+            if not self.dynamic:
+                return self._collect_plain(next_prompts, generator)
+            return self._collect_dynamic(next_prompts, generator)
+        finally:
+            self.timing["gen"] = time.perf_counter() - start - self.timing["reward"]
+
+    def _draw(self, next_prompts: NextPrompts, k: int, gen_batch: int) -> list[tuple[Prompt, list[int]]]:
+        self._base[gen_batch] = len(self.samples)
+        pairs = list(next_prompts(k))
+        if len(pairs) != k:
+            raise ValueError(f"next_prompts({k}) returned {len(pairs)} prompts, expected {k}")
+        for g, (prompt, _) in enumerate(pairs):
+            for j in range(self.n):
+                self.samples.append(Sample(prompt.id, gen_batch, g, j))
+        return pairs
+
+    def _records(self, gen_batch: int, groups) -> list[Sample]:
+        """Records of groups ``groups`` of generation batch ``gen_batch``, row order."""
+        base = self._base[gen_batch]
+        return [self.samples[base + g * self.n + j] for g in groups for j in range(self.n)]
+
+    def _score(self, rollout: RolloutBatch, pairs, gen_batch: int) -> ScoredBatch:
+        prompts = [pairs[g][0] for g in rollout.group_ids.tolist()]
+        start = time.perf_counter()
+        scored = self.score(rollout, prompts)
+        self.timing["reward"] += time.perf_counter() - start
+        if scored.acc.shape[0] != rollout.size:
+            raise ValueError(f"score: returned {scored.acc.shape[0]} acc values for {rollout.size} rows")
+        groups = rollout.group_ids[:: self.n].tolist()
+        for record, length in zip(self._records(gen_batch, groups), rollout.lengths.tolist()):
+            record.state, record.tokens = SampleState.SCORED, length
+        return scored
+
+    def _collect_plain(self, next_prompts: NextPrompts, generator: torch.Generator):
+        pairs = self._draw(next_prompts, self.want_groups, 0)
+        self._set_state(SampleState.GENERATING)
+        rollout = self.generator.generate([ids for _, ids in pairs], self.n, self.params, generator)
+        scored = self._score(rollout, pairs, 0)
+        self._set_state(SampleState.KEPT)
+        return scored, self.stats(1)
+
+    def _set_state(self, state: SampleState, gen_batch: int | None = None) -> None:
+        for s in self.samples:
+            if gen_batch is None or s.gen_batch == gen_batch:
+                s.state = state
+
+    def _collect_dynamic(self, next_prompts: NextPrompts, generator: torch.Generator):
+        kept: list[ScoredBatch] = []
+        gen_batch = 0
+        while len(kept) < self.want_groups:
+            if gen_batch == self.max_gen_batches:
+                stats = self.stats(gen_batch)
+                raise DynamicSamplingError(self._give_up_message(stats), stats)
+            pairs = self._draw(next_prompts, self.batch_prompts(self.want_groups - len(kept)), gen_batch)
+            self._set_state(SampleState.GENERATING, gen_batch)
+            ids = [ids for _, ids in pairs]
+
+            def on_groups_done(groups: list[int], rows: RolloutBatch, pairs=pairs, gen_batch=gen_batch) -> bool:
+                self._keep_mixed(self._score(rows, pairs, gen_batch), gen_batch, kept)
+                return len(kept) >= self.want_groups
+
+            if self.streaming:
+                result = self.generator.generate_stream(ids, self.n, self.params, generator, on_groups_done)
+                records = self._records(gen_batch, result.aborted)
+                for record, length in zip(records, result.aborted_lengths, strict=True):
+                    record.state, record.tokens = SampleState.ABORTED, length
+            else:
+                rollout = self.generator.generate(ids, self.n, self.params, generator)
+                on_groups_done(list(range(len(pairs))), rollout)
+            gen_batch += 1
+        batch = _trim(ScoredBatch.concat(kept, self.pad_id))
+        return batch, self.stats(gen_batch)
+
+    def _keep_mixed(self, scored: ScoredBatch, gen_batch: int, kept: list[ScoredBatch]) -> None:
+        """Sort the groups of ``scored`` (prompt order) into kept / dropped."""
+        n = self.n
+        acc = scored.acc.bool().view(-1, n)
+        groups = scored.rollout.group_ids[::n].tolist()
+        for i, g in enumerate(groups):
+            c = int(acc[i].sum())
+            if c == n:
+                state, reason = SampleState.DROPPED, "all_correct"
+            elif c == 0:
+                state, reason = SampleState.DROPPED, "all_wrong"
+            elif len(kept) >= self.want_groups:
+                state, reason = SampleState.DROPPED, "surplus"
+            else:
+                state, reason = SampleState.KEPT, ""
+                rows = scored.select(torch.arange(i * n, (i + 1) * n))
+                rows.rollout = replace(rows.rollout, group_ids=torch.zeros_like(rows.rollout.group_ids))
+                kept.append(rows)
+            for record in self._records(gen_batch, [g]):
+                record.state, record.reason = state, reason
+
+    # ------------------------------------------------------------------ stats
+    def stats(self, num_gen_batches: int) -> dict[str, float]:
+        """Counts over ``samples`` (see the module docstring for the states):
+
+        ``batch/num_gen_batches``; ``batch/kept_groups``; ``batch/dropped_all_correct``,
+        ``batch/dropped_all_wrong``, ``batch/surplus_groups`` (groups); ``batch/generated_samples``
+        (samples that completed: kept + dropped); ``batch/aborted_samples`` and
+        ``batch/aborted_tokens``; ``batch/wasted_samples`` (completed, not kept);
+        ``batch/samples_per_kept_group`` (all samples started, completed or aborted, per
+        kept group; inf when none was kept); ``batch/generated_tokens`` (completed samples)
+        and ``batch/tokens_per_kept_group`` (tokens of all samples started, per kept group).
+        """
+        n = self.n
+        count = {state: 0 for state in SampleState}
+        reasons = {"all_correct": 0, "all_wrong": 0, "surplus": 0}
+        tokens = {"completed": 0, "aborted": 0}
+        for s in self.samples:
+            count[s.state] += 1
+            if s.state is SampleState.DROPPED:
+                reasons[s.reason] += 1
+            if s.state is SampleState.ABORTED:
+                tokens["aborted"] += s.tokens
+            elif s.state in (SampleState.KEPT, SampleState.DROPPED, SampleState.SCORED):
+                tokens["completed"] += s.tokens
+        kept_groups = count[SampleState.KEPT] // n
+        completed = count[SampleState.KEPT] + count[SampleState.DROPPED] + count[SampleState.SCORED]
+        started = len(self.samples)
+        per_group = (lambda x: x / kept_groups) if kept_groups else (lambda x: math.inf)
+        return {
+            "batch/num_gen_batches": float(num_gen_batches),
+            "batch/kept_groups": float(kept_groups),
+            "batch/dropped_all_correct": float(reasons["all_correct"] // n),
+            "batch/dropped_all_wrong": float(reasons["all_wrong"] // n),
+            "batch/surplus_groups": float(reasons["surplus"] // n),
+            "batch/generated_samples": float(completed),
+            "batch/aborted_samples": float(count[SampleState.ABORTED]),
+            "batch/aborted_tokens": float(tokens["aborted"]),
+            "batch/wasted_samples": float(completed - count[SampleState.KEPT]),
+            "batch/samples_per_kept_group": float(per_group(started)),
+            "batch/generated_tokens": float(tokens["completed"]),
+            "batch/tokens_per_kept_group": float(per_group(tokens["completed"] + tokens["aborted"])),
+        }
+
+    def _give_up_message(self, stats: dict[str, float]) -> str:
+        return (
+            f"dynamic sampling: only {int(stats['batch/kept_groups'])} of {self.want_groups} groups with mixed "
+            f"outcomes after algo.max_gen_batches={self.max_gen_batches} generation batches "
+            f"({int(stats['batch/dropped_all_correct'])} groups dropped all correct, "
+            f"{int(stats['batch/dropped_all_wrong'])} dropped all wrong, "
+            f"{int(stats['batch/generated_samples'])} samples generated); "
+            "raise algo.max_gen_batches or train.gen_prompts_per_step, lower train.prompts_per_step, "
+            "or set algo.dynamic_sampling=false"
+        )
+
+
+def _trim(batch: ScoredBatch) -> ScoredBatch:
+    """Drop prompt columns that are padding in every row and response columns past the longest."""
+    r = batch.rollout
+    real = r.prompt_mask.bool().any(0)
+    first = int(real.nonzero()[0]) if real.any() else r.prompt_mask.shape[1]
+    T = int(r.lengths.max()) if r.size else 0
+    rollout = replace(
+        r,
+        prompt_ids=r.prompt_ids[:, first:],
+        prompt_mask=r.prompt_mask[:, first:],
+        response_ids=r.response_ids[:, :T],
+        response_mask=r.response_mask[:, :T],
+        logprobs=r.logprobs[:, :T],
+    )
+    return replace(batch, rollout=rollout)

@@ -1,0 +1,111 @@
+"""Injected faults on a real supervised training process (tiny random model), checked in events.jsonl.
+
+Run A: crashes, SIGKILLs at several points (one in the middle of a checkpoint write) and a
+hang; the supervisor restarts the trainer from the last committed checkpoint each time and
+the final weights are bit-identical to an uninterrupted run.
+Run B: faults handled inside the process: NaN loss (update skipped, then a rollback),
+reward timeouts and errors (samples failed, run goes on), and a slow rollout worker
+(detected as fail-slow, work shifted away from it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reasonrl.config import load
+from reasonrl.controller import Trainer
+from reasonrl.data.model import build_tiny_model
+from reasonrl.data.tokenizer import build_char_tokenizer
+from reasonrl.metrics import read_jsonl
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    tok = build_char_tokenizer()
+    build_tiny_model(len(tok), 32, 2, 4, 2, 64, tok.pad_token_id, tok.eos_token_id, seed=0).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def overrides(model_dir, run_dir, steps, *extra):
+    return [
+        f"model.path={model_dir}",
+        f"run.dir={run_dir}",
+        "run.progress=false",
+        "data.train_size=64",
+        "data.test_size=16",
+        "rollout.n=2",
+        "rollout.max_new_tokens=8",
+        "train.prompts_per_step=4",
+        "train.mini_batch_size=4",
+        "train.micro_batch_size=2",
+        f"train.total_steps={steps}",
+        "eval.every_steps=0",
+        "checkpoint.every_steps=1",
+        "checkpoint.keep=3",
+        "reward.fn=tests.reward_fixtures:coin",
+        "resilience.backoff_s=0.05",
+        *extra,
+    ]
+
+
+def supervised(args):
+    cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_restarts_after_crash_sigkill_checkpoint_kill_and_hang_end_bit_identical(model_dir, tmp_path):
+    clean, faulty = tmp_path / "clean", tmp_path / "faulty"
+    Trainer(load("recipes/grpo.yaml", overrides(model_dir, clean, 8))).run()
+    faults = "faults=[crash@2,sigkill@3:stage=gen,sigkill@4:stage=update_actor,ckpt_kill@5,hang@6:stage=old_log_prob]"
+    proc = supervised(overrides(model_dir, faulty, 8, faults, "resilience.hang_timeout_s=3", "resilience.max_restarts=8"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = read_jsonl(faulty / "events.jsonl")
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("crash") == 1 and kinds.count("killed") == 3 and kinds.count("hang") == 1
+    hang = next(e for e in events if e["kind"] == "hang")
+    assert hang["stage"] == "old_log_prob" and "compute_logprobs" in hang["stack"] or "_hang_forever" in hang["stack"]
+    recovered = [e for e in events if e["kind"] == "recovered"]
+    assert len(recovered) == 5 and all(e["recover_s"] >= 0 for e in recovered)
+    # ckpt_kill died after a file of step 5 was written: step 5 was redone from step 4.
+    assert any(e["kind"] == "fault_injected" and e["fault"].startswith("ckpt_kill") for e in events)
+    a = load_file(clean / "checkpoints/step_8/policy.safetensors")
+    b = load_file(faulty / "checkpoints/step_8/policy.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed run's weights differ from the clean run"
+    assert [r["step"] for r in read_jsonl(faulty / "metrics.jsonl")] == list(range(1, 9))
+    summary = __import__("json").loads((faulty / "summary.json").read_text())
+    assert 0 < summary["ettr"] < 1 and summary["incidents"]["killed"] == 3
+
+
+def test_nan_reward_faults_and_a_slow_worker_are_handled_in_process(model_dir, tmp_path):
+    run = tmp_path / "run"
+    faults = "faults=[nan@3,nan@4,reward_timeout@5:count=2,reward_error@6:count=3,slow@6:worker=1:factor=4:steps=6]"
+    args = overrides(
+        model_dir, run, 12, faults,
+        "resilience.nonfinite_max_consecutive=2", "resilience.reward_workers=1", "resilience.reward_timeout_s=0.5",
+        "resilience.rollout_workers=2", "resilience.slow_window=4", "train.prompts_per_step=8", "train.mini_batch_size=16",
+    )
+    proc = supervised(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = read_jsonl(run / "events.jsonl")
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("nonfinite") == 2 and kinds.count("rollback") == 1
+    assert next(e for e in events if e["kind"] == "rollback")["step"] == 4
+    failed = [e for e in events if e["kind"] == "reward_failed"]
+    assert [e["step"] for e in failed] == [5, 6] and [e["samples"] for e in failed] == [2, 3]
+    assert "timeout" in failed[0]["errors"][0]
+    slow = next(e for e in events if e["kind"] == "slowdown")
+    assert slow["stage"] == "gen" and slow["worker"] == 1 and 6 <= slow["step"] <= 9 and slow["factor"] > 1.5
+    rows = {r["step"]: r for r in read_jsonl(run / "metrics.jsonl")}
+    assert rows[slow["step"]]["rollout/share/worker1"] == 0.5  # shares were equal until the detection
+    assert rows[slow["step"] + 1]["rollout/share/worker1"] < 0.5  # then work moved away from worker 1
+    assert rows[5]["train/reward_failed"] == 2 and rows[3]["actor/nonfinite_skips"] >= 1
+    assert "crash" not in kinds and "killed" not in kinds

@@ -1,0 +1,240 @@
+"""RolloutScheduler: dynamic sampling that keeps exactly the wanted mixed groups, stops
+decoding once it has them, accounts for every sample, and is reproducible."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from reasonrl import algo
+from reasonrl.rollout.fast import FastGenerator
+from reasonrl.rollout.hf import HFGenerator
+from reasonrl.rollout.scheduler import DynamicSamplingError, RolloutScheduler, SampleState
+from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch
+from tests.unit.test_rollout_hf import EOS, PAD, tiny_qwen2
+
+N = 4
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12)
+
+
+def token_hash(tokens: list[int]) -> int:
+    """A deterministic hash of a response (stable across processes, unlike ``hash``)."""
+    h = 17
+    for t in tokens:
+        h = (h * 1_000_003 + t) % (1 << 61)
+    return h
+
+
+def fake_score(k: int = 3, acc_of=None):
+    """``score(rollout, prompts)``: acc = hash(response tokens) % k == 0, score = acc.
+
+    Records each call's row count in ``calls``.
+    """
+    calls: list[int] = []
+
+    def score(rollout: RolloutBatch, prompts: list[Prompt]) -> ScoredBatch:
+        assert len(prompts) == rollout.size
+        calls.append(rollout.size)
+        responses = [rollout.response_ids[i, : int(rollout.lengths[i])].tolist() for i in range(rollout.size)]
+        acc = torch.tensor([acc_of(r) if acc_of else token_hash(r) % k == 0 for r in responses], dtype=torch.bool)
+        return ScoredBatch(rollout, prompts, [str(r) for r in responses], acc.float(), acc, torch.zeros_like(acc))
+
+    score.calls = calls
+    return score
+
+
+class Prompts:
+    """A resumable prompt source: ``next_prompts(k)`` hands out the next k prompts."""
+
+    def __init__(self, seed: int = 0, count: int = 400) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.items = []
+        for i in range(count):
+            ids = torch.randint(2, 48, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
+            self.items.append((Prompt(id=f"p{i}", text=str(ids), ground_truth=""), ids))
+        self.position = 0
+        self.requests: list[int] = []
+
+    def __call__(self, k: int):
+        self.requests.append(k)
+        out = self.items[self.position : self.position + k]
+        self.position += k
+        return out
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_qwen2(eos_bias=3.0)
+
+
+def scheduler(model, score=None, generator_cls=FastGenerator, **kw) -> RolloutScheduler:
+    options = dict(want_groups=4, oversample=2.0, max_gen_batches=10, pad_id=PAD)
+    options.update(kw)
+    return RolloutScheduler(generator_cls(model, PAD, EOS), score or fake_score(), N, PARAMS, **options)
+
+
+def check_lifecycle(s: RolloutScheduler, stats: dict[str, float]) -> None:
+    states = [r.state for r in s.samples]
+    assert set(states) <= {SampleState.KEPT, SampleState.DROPPED, SampleState.ABORTED}
+    started, kept = len(states), states.count(SampleState.KEPT)
+    completed = kept + states.count(SampleState.DROPPED)
+    assert stats["batch/generated_samples"] == completed
+    assert stats["batch/aborted_samples"] == states.count(SampleState.ABORTED)
+    assert started == stats["batch/generated_samples"] + stats["batch/aborted_samples"]
+    dropped_groups = stats["batch/dropped_all_correct"] + stats["batch/dropped_all_wrong"] + stats["batch/surplus_groups"]
+    assert completed == N * (stats["batch/kept_groups"] + dropped_groups)
+    assert stats["batch/wasted_samples"] == completed - kept
+    assert stats["batch/samples_per_kept_group"] == started / stats["batch/kept_groups"]
+    assert stats["batch/aborted_tokens"] == sum(r.tokens for r in s.samples if r.state is SampleState.ABORTED)
+    # Whole groups move together.
+    for i in range(0, started, N):
+        assert len({(r.gen_batch, r.group, r.state, r.reason) for r in s.samples[i : i + N]}) == 1
+    assert all(isinstance(v, float) for v in stats.values())
+
+
+def replay(model, s: RolloutScheduler, prompts: Prompts, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Plain ``generate`` of each generation batch's prompts with the same seed:
+    ``{prompt id: (response ids [N, T], logprobs [N, T])}``."""
+    gen, rng = FastGenerator(model, PAD, EOS), torch.Generator().manual_seed(seed)
+    out, position = {}, 0
+    for k in prompts.requests:
+        pairs = prompts.items[position : position + k]
+        position += k
+        batch = gen.generate([ids for _, ids in pairs], N, s.params, rng)
+        for g, (p, _) in enumerate(pairs):
+            out[p.id] = (batch.response_ids[g * N : (g + 1) * N], batch.logprobs[g * N : (g + 1) * N])
+    return out
+
+
+def test_keeps_exactly_want_mixed_groups_equal_to_plain_generate(model):
+    s, prompts = scheduler(model, want_groups=6), Prompts()
+    batch, stats = s.collect(prompts, torch.Generator().manual_seed(0))
+    assert batch.size == 6 * N and batch.rollout.group_ids.tolist() == [i // N for i in range(6 * N)]
+    assert algo.keep_groups(batch.acc.float(), batch.rollout.group_ids).all()
+    assert algo.group_outcomes(batch.acc, batch.rollout.group_ids) == (0, 0, 6)
+    assert stats["batch/kept_groups"] == 6
+    check_lifecycle(s, stats)
+    # Prompts drawn as needed: ceil(missing * oversample) per generation batch.
+    assert prompts.requests[0] == 12 and prompts.position == sum(prompts.requests)
+    assert len(prompts.requests) == stats["batch/num_gen_batches"]
+    # Same tokens and log-probs as a plain generate of the same prompts and seed.
+    plain = replay(model, s, prompts, 0)
+    T = batch.rollout.response_ids.shape[1]
+    assert T == int(batch.rollout.lengths.max())
+    for g in range(6):
+        rows = slice(g * N, (g + 1) * N)
+        ids, logprobs = plain[batch.prompts[g * N].id]
+        assert all(p.id == batch.prompts[g * N].id for p in batch.prompts[rows])
+        width = min(T, ids.shape[1])
+        assert torch.equal(batch.rollout.response_ids[rows, :width], ids[:, :width])
+        assert batch.rollout.response_ids[rows, width:].eq(PAD).all() and ids[:, width:].eq(PAD).all()
+        assert torch.equal(batch.rollout.logprobs[rows, :width], logprobs[:, :width])
+        # Prompts re-padded on the left, trimmed to the longest kept prompt.
+        mask = batch.rollout.prompt_mask[rows]
+        assert batch.rollout.prompt_ids[rows][mask.bool()].tolist() == [
+            t for _ in range(N) for t in prompts.items[int(batch.prompts[g * N].id[1:])][1]
+        ]
+    assert batch.rollout.prompt_mask.any(0).all()
+
+
+def test_early_stop_aborts_unfinished_groups(model):
+    # Half of the samples correct: almost every group is mixed, the first 4 of 24 to end fill the batch.
+    s = scheduler(model, score=fake_score(k=2), want_groups=4, oversample=6.0)
+    batch, stats = s.collect(Prompts(), torch.Generator().manual_seed(1))
+    check_lifecycle(s, stats)
+    assert stats["batch/num_gen_batches"] == 1 and batch.size == 4 * N
+    assert stats["batch/aborted_samples"] > 0 and stats["batch/aborted_tokens"] > 0
+    assert stats["batch/generated_samples"] < 24 * N
+    assert stats["batch/samples_per_kept_group"] == 24 * N / 4
+    # Aborted samples never reached the scorer.
+    assert sum(s.score.calls) == stats["batch/generated_samples"]
+    kept_lengths = batch.rollout.lengths.view(-1, N).max(1).values
+    aborted = [r.tokens for r in s.samples if r.state is SampleState.ABORTED]
+    assert max(aborted) <= int(kept_lengths.max())
+
+
+def test_without_early_stop_whole_batches_in_prompt_order(model):
+    prompts = Prompts()
+    s = scheduler(model, want_groups=4, early_stop=False, gen_batch_prompts=6)
+    batch, stats = s.collect(prompts, torch.Generator().manual_seed(2))
+    check_lifecycle(s, stats)
+    assert stats["batch/aborted_samples"] == 0 and set(prompts.requests) == {6}
+    assert stats["batch/generated_samples"] == 6 * N * stats["batch/num_gen_batches"]
+    kept = [(r.gen_batch, r.group) for r in s.samples[::N] if r.state is SampleState.KEPT]
+    assert kept == sorted(kept) and [p.id for p in batch.prompts[::N]] == [f"p{b * 6 + g}" for b, g in kept]
+    # A generator without generate_stream gives the same batch.
+    hf = scheduler(model, generator_cls=HFGenerator, want_groups=4, gen_batch_prompts=6)
+    assert not hf.streaming
+    other, other_stats = hf.collect(Prompts(), torch.Generator().manual_seed(2))
+    check_lifecycle(hf, other_stats)
+    assert other.size == 4 * N and other_stats["batch/aborted_samples"] == 0
+
+
+def test_all_wrong_raises_with_counts_and_config_keys(model):
+    prompts = Prompts()
+    s = scheduler(model, score=fake_score(acc_of=lambda r: False), want_groups=3, max_gen_batches=2)
+    with pytest.raises(DynamicSamplingError, match="only 0 of 3 groups") as info:
+        s.collect(prompts, torch.Generator().manual_seed(0))
+    message = str(info.value)
+    for key in ("algo.max_gen_batches=2", "train.gen_prompts_per_step", "train.prompts_per_step", "algo.dynamic_sampling"):
+        assert key in message
+    assert "0 groups dropped all correct, 12 dropped all wrong" in message
+    assert isinstance(info.value, RuntimeError) and info.value.stats["batch/dropped_all_wrong"] == 12
+    assert prompts.requests == [6, 6]
+
+
+def test_deterministic(model):
+    results = []
+    for _ in range(2):
+        s = scheduler(model, want_groups=5, oversample=1.5)
+        batch, stats = s.collect(Prompts(seed=3), torch.Generator().manual_seed(4))
+        results.append((batch, stats, [(r.state, r.reason, r.tokens) for r in s.samples]))
+    (a, sa, ra), (b, sb, rb) = results
+    assert sa == sb and ra == rb and [p.id for p in a.prompts] == [p.id for p in b.prompts]
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs", "group_ids"):
+        assert torch.equal(getattr(a.rollout, name), getattr(b.rollout, name)), name
+    assert torch.equal(a.acc, b.acc)
+
+
+def test_refill_draws_only_the_missing_groups(model):
+    # Few correct samples (k=12): the first batch falls short; each refill is sized to what is missing.
+    s, prompts = scheduler(model, score=fake_score(k=12), want_groups=4, oversample=1.0), Prompts()
+    batch, stats = s.collect(prompts, torch.Generator().manual_seed(5))
+    check_lifecycle(s, stats)
+    assert stats["batch/num_gen_batches"] > 1 and batch.size == 4 * N
+    missing = 4
+    for b, k in enumerate(prompts.requests):
+        assert k == missing
+        missing -= sum(1 for r in s.samples[::N] if r.gen_batch == b and r.state is SampleState.KEPT)
+    assert missing == 0
+
+
+def test_without_dynamic_sampling_one_batch_as_scored(model):
+    prompts = Prompts()
+    s = scheduler(model, want_groups=3, dynamic=False)
+    batch, stats = s.collect(prompts, torch.Generator().manual_seed(6))
+    plain = FastGenerator(model, PAD, EOS).generate(
+        [ids for _, ids in prompts.items[:3]], N, PARAMS, torch.Generator().manual_seed(6)
+    )
+    assert prompts.requests == [3] and torch.equal(batch.rollout.response_ids, plain.response_ids)
+    assert stats["batch/kept_groups"] == 3 and stats["batch/generated_samples"] == 3 * N
+    assert stats["batch/samples_per_kept_group"] == N and stats["batch/wasted_samples"] == 0
+    check_lifecycle(s, stats)
+
+
+def test_batch_sizes_and_validation(model):
+    s = scheduler(model, want_groups=10, oversample=1.1)
+    assert [s.batch_prompts(m) for m in (10, 3, 1)] == [11, 4, 2]
+    assert scheduler(model, gen_batch_prompts=24).batch_prompts(3) == 24
+    assert math.isinf(s.stats(0)["batch/samples_per_kept_group"])
+    for bad, match in [
+        (dict(want_groups=0), "want_groups"),
+        (dict(oversample=0.5), "oversample"),
+        (dict(max_gen_batches=0), "max_gen_batches"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            scheduler(model, **bad)
+    with pytest.raises(ValueError, match="rollout.n"):
+        RolloutScheduler(FastGenerator(model, PAD, EOS), fake_score(), 1, PARAMS, 4)

@@ -141,6 +141,12 @@ class AlgoConfig:
     """Drop groups whose scores are all equal and keep generating until the batch is full."""
     max_gen_batches: int = 10
     """Dynamic sampling gives up with an error after this many generation batches per step."""
+    oversample: float = 1.5
+    """Dynamic sampling draws ceil(missing groups * oversample) prompts per generation batch
+    (unless train.gen_prompts_per_step fixes it); about 1 / (fraction of mixed groups) is best."""
+    early_stop: bool = True
+    """Dynamic sampling stops decoding once the batch is full and aborts unfinished groups
+    (keeps groups that finish first: a slight lean toward short responses)."""
     overlong_filter: bool = False
     """Mask truncated samples out of the loss."""
     overlong_buffer: int = 0
@@ -155,7 +161,7 @@ class TrainConfig:
     prompts_per_step: int = 16
     """Train batch size in prompts (x rollout.n samples)."""
     gen_prompts_per_step: int = 0
-    """Prompts per generation batch with dynamic sampling; 0: same as prompts_per_step."""
+    """Prompts per generation batch with dynamic sampling; 0: sized by algo.oversample."""
     ppo_epochs: int = 1
     mini_batch_size: int = 64
     """Samples per optimizer step; must divide the train batch."""
@@ -391,6 +397,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "algo.gamma": _UNIT,
     "algo.lam": _UNIT,
     "algo.max_gen_batches": _AT_LEAST_1,
+    "algo.oversample": (lambda v: v >= 1, ">= 1"),
     "algo.overlong_buffer": _NON_NEGATIVE,
     "algo.overlong_penalty": _NON_NEGATIVE,
     "train.total_steps": _AT_LEAST_1,

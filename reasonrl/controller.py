@@ -44,6 +44,7 @@ from reasonrl.metrics import EventLog, MetricsSink, read_jsonl, timed
 from reasonrl.reward.pool import RewardPool
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
+from reasonrl.rollout.scheduler import RolloutScheduler
 from reasonrl.train.critic import Critic
 from reasonrl.train.logprobs import compute_logprobs
 from reasonrl.train.update import update_critic, update_policy
@@ -51,10 +52,6 @@ from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch, Tr
 
 GROUP_ESTIMATORS = {"grpo": algo.grpo, "dr_grpo": algo.dr_grpo, "lite_ppo": algo.lite_ppo, "rloo": algo.rloo}
 GENERATORS = {"hf": HFGenerator, "fast": FastGenerator}
-
-
-class DynamicSamplingError(RuntimeError):
-    pass
 
 
 class ResumeError(RuntimeError):
@@ -192,50 +189,51 @@ class Trainer:
 
     # ---------------------------------------------------------------- stages
     def collect(self, t: dict[str, float]) -> tuple[ScoredBatch, dict[str, float]]:
-        """Generate and score until the train batch is full.
+        """Generate and score until the train batch is full (the RolloutScheduler).
 
         Without dynamic sampling one generation batch is the train batch. With it, groups
-        whose samples are all correct or all wrong (no learning signal) are dropped and
-        generation batches are drawn until ``prompts_per_step`` mixed groups are kept; the
-        surplus of the last batch is dropped (as in DAPO).
+        whose samples are all correct or all wrong (no learning signal) are dropped; groups
+        are graded as soon as they complete, and decoding stops once ``prompts_per_step``
+        mixed groups are kept (``algo.early_stop``), with refills sized to what is missing.
         """
         cfg = self.cfg
-        want = cfg.train.prompts_per_step
         params = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
-        kept: list[ScoredBatch] = []
-        counts = defaultdict(float)
-        while True:
-            counts["batch/num_gen_batches"] += 1
-            idx = self.sampler.next_batch()
-            with self.stage(t, "gen"):
-                parts = self.generate(idx, params)
-            with self.stage(t, "reward"):
-                scored = ScoredBatch.concat([self.score(rollout, [self.train_prompts[i] for i in part for _ in range(cfg.rollout.n)]) for part, rollout in parts], self.pad_id)
-            counts["batch/generated_samples"] += scored.size
-            if not cfg.algo.dynamic_sampling:
-                return scored, dict(counts)
-            all_correct, all_wrong, mixed = algo.group_outcomes(scored.acc, scored.rollout.group_ids)
-            counts["batch/dropped_all_correct"] += all_correct
-            counts["batch/dropped_all_wrong"] += all_wrong
-            counts["batch/kept_groups"] += mixed
-            keep = algo.keep_groups(scored.acc.float(), scored.rollout.group_ids)
-            kept.append(scored.select(keep.nonzero().squeeze(-1)))
-            if counts["batch/kept_groups"] >= want:
-                break
-            if counts["batch/num_gen_batches"] >= cfg.algo.max_gen_batches:
-                raise DynamicSamplingError(
-                    f"dynamic sampling: only {int(counts['batch/kept_groups'])} of {want} groups with mixed outcomes after "
-                    f"algo.max_gen_batches={cfg.algo.max_gen_batches} generation batches "
-                    f"({int(counts['batch/dropped_all_correct'])} groups all correct, {int(counts['batch/dropped_all_wrong'])} all wrong); "
-                    "raise algo.max_gen_batches or train.gen_prompts_per_step, lower train.prompts_per_step, "
-                    "or set algo.dynamic_sampling=false"
-                )
-        batch = ScoredBatch.concat(kept, self.pad_id)
-        groups = torch.unique(batch.rollout.group_ids)
-        batch = batch.select((batch.rollout.group_ids <= groups[want - 1]).nonzero().squeeze(-1))
-        counts["batch/kept_groups"] = float(want)
-        counts["batch/wasted_samples"] = counts["batch/generated_samples"] - batch.size
-        return batch, dict(counts)
+        workers = cfg.resilience.rollout_workers
+        scheduler = RolloutScheduler(
+            self.generator if workers == 1 else _RolloutWorkers(self),
+            self.score,
+            cfg.rollout.n,
+            params,
+            cfg.train.prompts_per_step,
+            dynamic=cfg.algo.dynamic_sampling,
+            max_gen_batches=cfg.algo.max_gen_batches,
+            oversample=cfg.algo.oversample,
+            gen_batch_prompts=cfg.train.gen_prompts_per_step,
+            early_stop=cfg.algo.early_stop,
+            pad_id=self.pad_id,
+        )
+        drawn = 0
+
+        def next_prompts(k: int) -> list[tuple[Prompt, list[int]]]:
+            nonlocal drawn
+            drawn += k
+            return [(self.train_prompts[i], self.train_ids[i]) for i in self.sampler.next(k)]
+
+        with self.stage(t, "gen"):
+            batch, stats = scheduler.collect(next_prompts, self.rng)
+            if workers == 1:
+                self.watch_worker(0, scheduler.timing["gen"], drawn)
+        t["timing_s/gen"] -= scheduler.timing["reward"]
+        t["timing_s/reward"] = t.get("timing_s/reward", 0.0) + scheduler.timing["reward"]
+        return batch, stats
+
+    def watch_worker(self, worker: int, seconds: float, prompts: int) -> None:
+        """Feed a rollout worker's time per prompt to the fail-slow detector; a due ``slow``
+        fault stretches that time (by sleeping)."""
+        factor = self.faults.slow_factor("gen", worker, self.step_count + 1)
+        if factor > 1:
+            time.sleep((factor - 1) * seconds)
+        self.slow.update("gen", worker, self.step_count + 1, factor * seconds / max(prompts, 1))
 
     def rollback(self, step: int, reason: str) -> None:
         """Restore policy, critic and optimizers from the newest valid checkpoint (or the initial
@@ -253,35 +251,6 @@ class Trainer:
                 self.critic.load_state_dict(tensors["critic"])
                 self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.events.emit("rollback", step, reason=reason, to=str(path or self.model_dir), recover_s=time.time() - began)
-
-    def generate(self, idx: list[int], params: SamplingParams) -> list[tuple[list[int], RolloutBatch]]:
-        """Generate for prompts ``idx`` split over the rollout workers: (prompt indices, rollout) per worker.
-
-        Workers share the prompts equally; once a worker is detected fail-slow its share
-        shrinks in proportion to its speed (SlowdownDetector.weights) until it recovers.
-        Worker w's time per prompt is watched; a ``slow`` fault stretches it.
-        """
-        workers = list(range(self.cfg.resilience.rollout_workers))
-        shares = {w: 1 / len(workers) for w in workers}
-        if any(self.slow.is_slow("gen", w) for w in workers):
-            shares = self.slow.weights("gen", workers)
-        counts = _apportion(len(idx), [shares[w] for w in workers])
-        if len(workers) > 1:
-            self.work_shares = {f"rollout/share/worker{w}": c / len(idx) for w, c in zip(workers, counts)}
-        parts, start = [], 0
-        for w, count in zip(workers, counts):
-            part, start = idx[start : start + count], start + count
-            if not part:
-                continue
-            began = time.perf_counter()
-            rollout = self.generator.generate([self.train_ids[i] for i in part], self.cfg.rollout.n, params, self.rng)
-            elapsed = time.perf_counter() - began
-            factor = self.faults.slow_factor("gen", w, self.step_count + 1)
-            if factor > 1:
-                time.sleep((factor - 1) * elapsed)
-            self.slow.update("gen", w, self.step_count + 1, factor * elapsed / len(part))
-            parts.append((part, rollout))
-        return parts
 
     def score(self, rollout: RolloutBatch, prompts: list[Prompt]) -> ScoredBatch:
         """Decode, grade with the reward function, add the soft overlong punishment."""
@@ -460,13 +429,11 @@ class Trainer:
     # ---------------------------------------------------------------- helpers
     def _tokenize(self, prompts: list[Prompt], source: str) -> list[list[int]]:
         limit = self.cfg.data.max_prompt_len
-        out = []
-        for p in prompts:
-            ids = self.tokenizer(render_prompt(p, self.tokenizer))["input_ids"]
-            if len(ids) > limit:
-                raise ValueError(f"data.max_prompt_len: prompt {p.id} of {source} has {len(ids)} tokens, more than {limit}")
-            out.append(ids)
-        return out
+        ids = self.tokenizer([render_prompt(p, self.tokenizer) for p in prompts])["input_ids"]
+        for p, row in zip(prompts, ids):
+            if len(row) > limit:
+                raise ValueError(f"data.max_prompt_len: prompt {p.id} of {source} has {len(row)} tokens, more than {limit}")
+        return ids
 
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -498,6 +465,37 @@ def batch_metrics(batch: TrainBatch) -> dict[str, float]:
         out["critic/returns/mean"] = batch.returns[valid].mean().item()
         out["critic/values/mean"] = batch.values[valid].mean().item()
     return out
+
+
+class _RolloutWorkers:
+    """Rollout workers sharing each generation batch, in this process (Ray actors later).
+
+    The prompts are split equally; once a worker is detected fail-slow its share shrinks in
+    proportion to its speed (SlowdownDetector.weights) until it recovers. Whole batches
+    only: no early stop across workers.
+    """
+
+    def __init__(self, trainer: "Trainer") -> None:
+        self.trainer = trainer
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator) -> RolloutBatch:
+        tr = self.trainer
+        workers = list(range(tr.cfg.resilience.rollout_workers))
+        shares = [1 / len(workers)] * len(workers)
+        if any(tr.slow.is_slow("gen", w) for w in workers):
+            weights = tr.slow.weights("gen", workers)
+            shares = [weights[w] for w in workers]
+        counts = _apportion(len(prompts), shares)
+        tr.work_shares = {f"rollout/share/worker{w}": c / len(prompts) for w, c in zip(workers, counts)}
+        parts, start = [], 0
+        for w, count in zip(workers, counts):
+            if count == 0:
+                continue
+            began = time.perf_counter()
+            parts.append(tr.generator.generate(prompts[start : start + count], n, params, generator))
+            tr.watch_worker(w, time.perf_counter() - began, count)
+            start += count
+        return RolloutBatch.concat(parts, tr.pad_id)
 
 
 def _apportion(total: int, shares: list[float]) -> list[int]:

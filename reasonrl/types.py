@@ -78,6 +78,32 @@ class RolloutBatch:
         """Rows ``index`` (a [K] long tensor) of every field."""
         return RolloutBatch(**{k: getattr(self, k)[index] for k in _ROLLOUT_FIELDS})
 
+    @staticmethod
+    def concat(batches: list["RolloutBatch"], pad_id: int) -> "RolloutBatch":
+        """Stack batches row-wise, re-padding prompts (left) and responses (right).
+
+        Group ids are renumbered so that groups of different batches stay distinct.
+        """
+        if len(batches) == 1:
+            return batches[0]
+        P = max(r.prompt_ids.shape[1] for r in batches)
+        T = max(r.response_ids.shape[1] for r in batches)
+        pad = torch.nn.functional.pad
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in _ROLLOUT_FIELDS}
+        offset = 0
+        for r in batches:
+            lp, rp = P - r.prompt_ids.shape[1], T - r.response_ids.shape[1]
+            parts["prompt_ids"].append(pad(r.prompt_ids, (lp, 0), value=pad_id))
+            parts["prompt_mask"].append(pad(r.prompt_mask, (lp, 0)))
+            parts["response_ids"].append(pad(r.response_ids, (0, rp), value=pad_id))
+            parts["response_mask"].append(pad(r.response_mask, (0, rp)))
+            parts["logprobs"].append(pad(r.logprobs, (0, rp)))
+            parts["eos"].append(r.eos)
+            parts["truncated"].append(r.truncated)
+            parts["group_ids"].append(r.group_ids + offset)
+            offset += int(r.group_ids.max().item()) + 1 if r.size else 0
+        return RolloutBatch(**{k: torch.cat(v) for k, v in parts.items()})
+
 
 _ROLLOUT_FIELDS = (
     "prompt_ids",
@@ -127,31 +153,11 @@ class ScoredBatch:
 
     @staticmethod
     def concat(batches: list["ScoredBatch"], pad_id: int) -> "ScoredBatch":
-        """Stack batches row-wise, re-padding prompts (left) and responses (right).
-
-        Group ids are renumbered so that groups of different batches stay distinct.
-        """
+        """Stack batches row-wise (see RolloutBatch.concat)."""
         if len(batches) == 1:
             return batches[0]
-        P = max(b.rollout.prompt_ids.shape[1] for b in batches)
-        T = max(b.rollout.response_ids.shape[1] for b in batches)
-        parts: dict[str, list[torch.Tensor]] = {k: [] for k in _ROLLOUT_FIELDS}
-        offset = 0
-        for b in batches:
-            r = b.rollout
-            lp, rp = P - r.prompt_ids.shape[1], T - r.response_ids.shape[1]
-            parts["prompt_ids"].append(torch.nn.functional.pad(r.prompt_ids, (lp, 0), value=pad_id))
-            parts["prompt_mask"].append(torch.nn.functional.pad(r.prompt_mask, (lp, 0)))
-            parts["response_ids"].append(torch.nn.functional.pad(r.response_ids, (0, rp), value=pad_id))
-            parts["response_mask"].append(torch.nn.functional.pad(r.response_mask, (0, rp)))
-            parts["logprobs"].append(torch.nn.functional.pad(r.logprobs, (0, rp)))
-            parts["eos"].append(r.eos)
-            parts["truncated"].append(r.truncated)
-            parts["group_ids"].append(r.group_ids + offset)
-            offset += int(r.group_ids.max().item()) + 1 if r.size else 0
-        rollout = RolloutBatch(**{k: torch.cat(v) for k, v in parts.items()})
         return ScoredBatch(
-            rollout=rollout,
+            rollout=RolloutBatch.concat([b.rollout for b in batches], pad_id),
             prompts=[p for b in batches for p in b.prompts],
             texts=[t for b in batches for t in b.texts],
             scores=torch.cat([b.scores for b in batches]),

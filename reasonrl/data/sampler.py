@@ -38,9 +38,13 @@ class PromptSampler:
 
     def next_batch(self) -> list[int]:
         """The next ``batch_size`` indices."""
+        return self.next(self.batch_size)
+
+    def next(self, k: int) -> list[int]:
+        """The next ``k`` indices."""
         batch: list[int] = []
-        while len(batch) < self.batch_size:
-            take = self._order[self._position : self._position + self.batch_size - len(batch)]
+        while len(batch) < k:
+            take = self._order[self._position : self._position + k - len(batch)]
             batch.extend(take)
             self._position += len(take)
             if self._position == self.num_items:

@@ -166,8 +166,8 @@ def test_missing_recipe(tmp_path):
         (["sft.target_acc=0"], "sft.target_acc = 0.0: must be in (0, 1]"),
         (["data.families=[]"], "data.families = (): must be a non-empty list"),
         (["run.device=gpu"], "run.device = 'gpu': must be cpu, cuda, cuda:N or mps"),
-        (["sft.heads=3"], "sft.heads = 3: must divide sft.hidden_size = 128"),
-        (["sft.kv_heads=3"], "sft.kv_heads = 3: must divide sft.heads = 4"),
+        (["sft.heads=5"], "sft.heads = 5: must divide sft.hidden_size = 192"),
+        (["sft.kv_heads=4"], "sft.kv_heads = 4: must divide sft.heads = 6"),
     ],
 )
 def test_validation_errors(overrides, expected):

@@ -5,6 +5,7 @@
     reasonrl eval RECIPE [key=value ...]         held-out accuracy of model.path (or a run's final/)
     reasonrl demo [key=value ...]                the embedded example end to end, then a report
     reasonrl report RUN_DIR [RUN_DIR ...]        PNG plots and report.html comparing runs
+    reasonrl drill [--steps N] [key=value ...]   one fault of each kind on the demo: detection, recovery, ETTR
 """
 
 from __future__ import annotations
@@ -96,6 +97,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if last else 1
 
 
+def cmd_drill(args: argparse.Namespace) -> int:
+    """Rehearse every fault kind on the embedded demo; print and save the table."""
+    from reasonrl.drill import format_table, run_drill
+
+    root = Path(args.dir)
+    rows, ettr = run_drill(args.overrides, root, args.steps, RECIPES / "dapo.yaml")
+    table = format_table(rows, ettr)
+    (root / "drill.md").write_text(table + "\n")
+    (root / "drill.json").write_text(json.dumps({"rows": rows, "ettr": ettr}, indent=2))
+    print(table)
+    ok = all(r["detected"] and (r["weights_equal"] or not r["expected_equal"]) for r in rows)
+    return 0 if ok else 1
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from reasonrl.report import write_report
 
@@ -116,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("demo")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_demo)
+    p = sub.add_parser("drill", help="inject one fault of each kind into the demo and tabulate detection and recovery")
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--dir", default="runs/drill")
+    p.add_argument("--steps", type=int, default=40)
+    p.set_defaults(fn=cmd_drill)
     p = sub.add_parser("report")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None)

@@ -167,6 +167,11 @@ class TrainConfig:
     """Samples per optimizer step; must divide the train batch."""
     micro_batch_size: int = 16
     """Samples per forward/backward; must divide mini_batch_size."""
+    old_logprobs: Literal["auto", "rollout", "recompute"] = "auto"
+    """Where the old-policy log-probs come from: 'rollout' reuses the sampling log-probs (one
+    forward pass fewer per step; valid when the sampler holds the trainer's weights and
+    numerics), 'recompute' runs the policy again; 'auto' reuses them when the generator
+    shares the policy module in fp32, and recomputes otherwise."""
     lr: float = 1e-4
     warmup_steps: int = 0
     weight_decay: float = 0.0

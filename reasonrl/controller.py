@@ -103,6 +103,9 @@ class Trainer:
         self.reference = self._frozen_copy(self.policy) if cfg.algo.kl_loss_coef > 0 else None
         self.critic = Critic(self.model_dir, cfg.model.dtype).to(device) if cfg.algo.adv_estimator == "gae" else None
         self.generator = GENERATORS[cfg.rollout.backend](self.policy, self.pad_id, self.eos_id)
+        # The built-in backends sample with the trainer's own module: same weights, same numerics.
+        shared = self.generator.model is self.policy and cfg.model.dtype == "float32"
+        self.reuse_rollout_logprobs = cfg.train.old_logprobs == "rollout" or (cfg.train.old_logprobs == "auto" and shared)
         r = cfg.resilience
         self.rewards = RewardPool(cfg.reward.fn, r.reward_workers, r.reward_timeout_s, r.reward_max_failures)
         self.train_prompts, self.test_prompts = load_splits(cfg)
@@ -135,8 +138,11 @@ class Trainer:
             loss_mask = rollout.response_mask
             if cfg.algo.overlong_filter:
                 loss_mask = loss_mask * algo.overlong_filter_mask(rollout.truncated)[:, None]
-            with self.stage(t, "old_log_prob"):
-                old = compute_logprobs(self.policy, rollout, cfg.rollout.temperature, cfg.train.micro_batch_size)
+            if self.reuse_rollout_logprobs:
+                old = rollout.logprobs * rollout.response_mask
+            else:
+                with self.stage(t, "old_log_prob"):
+                    old = compute_logprobs(self.policy, rollout, cfg.rollout.temperature, cfg.train.micro_batch_size)
             ref = values = None
             if self.reference is not None:
                 with self.stage(t, "ref"):

@@ -117,3 +117,19 @@ def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path):
     rows.write_text('{"prompt": "1+1=?", "ground_truth": "2"}\n{"prompt": "2+2=?"}\n')
     malformed = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path}", f"data.source={rows}")
     assert malformed.returncode == 2 and "rows.jsonl" in malformed.stderr and "line 2" in malformed.stderr and "ground_truth" in malformed.stderr
+
+
+def test_sampling_logprobs_equal_recomputed_ones_so_reuse_is_exact(model_dir, tmp_path):
+    from reasonrl.train.logprobs import compute_logprobs
+
+    trainer = Trainer(config(model_dir, tmp_path, "rollout.top_k=5", "rollout.temperature=0.7"))
+    assert trainer.reuse_rollout_logprobs  # 'auto' with the built-in generator in fp32
+    batch, _ = trainer.collect({})
+    r = batch.rollout
+    recomputed = compute_logprobs(trainer.policy, r, temperature=0.7, micro_batch_size=3)
+    assert r.response_mask.sum() > 0
+    torch.testing.assert_close(r.logprobs * r.response_mask, recomputed, rtol=0, atol=2e-5)
+    metrics = trainer.step()
+    assert "timing_s/old_log_prob" not in metrics
+    recompute = Trainer(config(model_dir, tmp_path / "b", "train.old_logprobs=recompute"))
+    assert not recompute.reuse_rollout_logprobs and "timing_s/old_log_prob" in recompute.step()

@@ -58,3 +58,37 @@ def synthetic_rollout(B: int = 8, P: int = 5, T: int = 7, seed: int = 0) -> Roll
 @pytest.fixture
 def rollout() -> RolloutBatch:
     return synthetic_rollout()
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A tiny random Qwen2 with the character tokenizer, saved as a Hugging Face model directory."""
+    from reasonrl.data.model import build_tiny_model
+    from reasonrl.data.tokenizer import build_char_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny")
+    tok = build_char_tokenizer()
+    build_tiny_model(len(tok), 32, 2, 4, 2, 64, tok.pad_token_id, tok.eos_token_id, seed=0).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def tiny_run(model_dir, run_dir, steps: int = 3) -> list[str]:
+    """Overrides for a seconds-long run on ``model_dir``: 4 prompts x 2 samples, 8 new tokens,
+    a hash-of-text reward that is right for about half the samples."""
+    return [
+        f"model.path={model_dir}",
+        f"run.dir={run_dir}",
+        "run.progress=false",
+        "data.train_size=64",
+        "data.test_size=16",
+        "rollout.n=2",
+        "rollout.max_new_tokens=8",
+        "train.prompts_per_step=4",
+        "train.mini_batch_size=4",
+        "train.micro_batch_size=2",
+        f"train.total_steps={steps}",
+        "eval.every_steps=0",
+        "eval.n_prompts=8",
+        "reward.fn=tests.reward_fixtures:coin",
+    ]

@@ -1,6 +1,8 @@
 """Every recipe must raise held-out accuracy on the embedded task (read from metrics.jsonl).
 
-Slow: these train for real on the cached warm start (built once per machine).
+Slow: these train for real on the cached warm start (built once per machine, ~1.5 min).
+Held-out accuracy is the mean over 4 samples on 256 held-out problems (about +-2.5 points
+of noise); 40 steps lift every recipe well past that (figures in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -14,18 +16,20 @@ from reasonrl.metrics import read_jsonl
 
 pytestmark = pytest.mark.slow
 
-SHORT = ["train.total_steps=16", "eval.every_steps=8", "eval.n_prompts=96", "run.progress=false"]
+STEPS = {"dapo": 40, "grpo": 40, "dr_grpo": 40, "lite_ppo": 40, "ppo": 24}
+"""PPO's steps are about twice as long (32 prompts, a critic, two epochs) and it learns faster per step."""
 
 
-@pytest.mark.parametrize("recipe", ["dapo", "grpo", "dr_grpo", "lite_ppo", "ppo"])
+@pytest.mark.parametrize("recipe", list(STEPS))
 def test_recipe_raises_heldout_accuracy(recipe, tmp_path):
-    cfg = load(RECIPES / f"{recipe}.yaml", [f"run.dir={tmp_path / recipe}", *SHORT])
-    Trainer(cfg).run()
-    rows = read_jsonl(tmp_path / recipe / "metrics.jsonl")
+    steps = STEPS[recipe]
+    overrides = [f"run.dir={tmp_path}", f"train.total_steps={steps}", f"eval.every_steps={steps}", "eval.n_prompts=256", "run.progress=false"]
+    Trainer(load(RECIPES / f"{recipe}.yaml", overrides)).run()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
     val = [r for r in rows if "val/acc" in r]
-    assert [r["step"] for r in val] == [0, 8, 16]
+    assert [r["step"] for r in val] == [0, steps]
     before, after = val[0]["val/acc"], val[-1]["val/acc"]
-    assert after >= before + 0.08, f"{recipe}: held-out accuracy {before:.3f} -> {after:.3f}"
-    assert (tmp_path / recipe / "final" / "config.json").is_file()
+    assert after >= before + 0.03, f"{recipe}: held-out accuracy {before:.3f} -> {after:.3f}"
+    assert (tmp_path / "final" / "config.json").is_file()
     train_rows = [r for r in rows if r["step"] > 0]
-    assert len(train_rows) == 16 and all("actor/pg_loss" in r and "timing_s/gen" in r for r in train_rows)
+    assert len(train_rows) == steps and all("actor/pg_loss" in r and "timing_s/gen" in r for r in train_rows)

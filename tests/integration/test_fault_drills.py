@@ -10,6 +10,7 @@ reward timeouts and errors (samples failed, run goes on), and a slow rollout wor
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -19,39 +20,17 @@ from safetensors.torch import load_file
 
 from reasonrl.config import load
 from reasonrl.controller import Trainer
-from reasonrl.data.model import build_tiny_model
-from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.metrics import read_jsonl
+from tests.conftest import tiny_run
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny")
-    tok = build_char_tokenizer()
-    build_tiny_model(len(tok), 32, 2, 4, 2, 64, tok.pad_token_id, tok.eos_token_id, seed=0).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def overrides(model_dir, run_dir, steps, *extra):
     return [
-        f"model.path={model_dir}",
-        f"run.dir={run_dir}",
-        "run.progress=false",
-        "data.train_size=64",
-        "data.test_size=16",
-        "rollout.n=2",
-        "rollout.max_new_tokens=8",
-        "train.prompts_per_step=4",
-        "train.mini_batch_size=4",
-        "train.micro_batch_size=2",
-        f"train.total_steps={steps}",
-        "eval.every_steps=0",
+        *tiny_run(model_dir, run_dir, steps),
         "checkpoint.every_steps=1",
         "checkpoint.keep=3",
-        "reward.fn=tests.reward_fixtures:coin",
         "resilience.backoff_s=0.05",
         *extra,
     ]
@@ -81,7 +60,7 @@ def test_restarts_after_crash_sigkill_checkpoint_kill_and_hang_end_bit_identical
     b = load_file(faulty / "checkpoints/step_8/policy.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed run's weights differ from the clean run"
     assert [r["step"] for r in read_jsonl(faulty / "metrics.jsonl")] == list(range(1, 9))
-    summary = __import__("json").loads((faulty / "summary.json").read_text())
+    summary = json.loads((faulty / "summary.json").read_text())
     assert 0 < summary["ettr"] < 1 and summary["incidents"]["killed"] == 3
 
 

@@ -11,39 +11,14 @@ from safetensors.torch import load_file
 
 from reasonrl.config import load
 from reasonrl.controller import ResumeError, Trainer
-from reasonrl.rollout.scheduler import DynamicSamplingError
-from reasonrl.data.model import build_tiny_model, load_model
-from reasonrl.data.tokenizer import build_char_tokenizer
+from reasonrl.data.model import load_model
 from reasonrl.metrics import read_jsonl
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny")
-    tok = build_char_tokenizer()
-    build_tiny_model(len(tok), 32, 2, 4, 2, 64, tok.pad_token_id, tok.eos_token_id, seed=0).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+from reasonrl.rollout.scheduler import DynamicSamplingError
+from tests.conftest import tiny_run
 
 
 def config(model_dir, run_dir, *overrides):
-    base = [
-        f"model.path={model_dir}",
-        f"run.dir={run_dir}",
-        "run.progress=false",
-        "data.train_size=64",
-        "data.test_size=16",
-        "rollout.n=2",
-        "rollout.max_new_tokens=8",
-        "train.prompts_per_step=4",
-        "train.mini_batch_size=4",
-        "train.micro_batch_size=2",
-        "train.total_steps=3",
-        "eval.every_steps=0",
-        "eval.n_prompts=8",
-        "reward.fn=tests.reward_fixtures:coin",
-    ]
-    return load(None, [*base, *overrides])
+    return load(None, [*tiny_run(model_dir, run_dir), *overrides])
 
 
 def test_dynamic_sampling_refills_the_batch_with_mixed_groups(model_dir, tmp_path):

@@ -111,8 +111,7 @@ class Trainer:
         self.train_prompts, self.test_prompts = load_splits(cfg)
         self.train_ids = self._tokenize(self.train_prompts, cfg.data.source)
         self.test_ids = self._tokenize(self.test_prompts, cfg.data.test_source or cfg.data.source)
-        gen_prompts = cfg.train.gen_prompts_per_step or cfg.train.prompts_per_step
-        self.sampler = PromptSampler(len(self.train_prompts), gen_prompts, cfg.run.seed)
+        self.sampler = PromptSampler(len(self.train_prompts), cfg.train.prompts_per_step, cfg.run.seed)
         t = cfg.train
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
         self.critic_optimizer = (
@@ -302,7 +301,7 @@ class Trainer:
         acc = self.score(sampled, [p for p in prompts for _ in range(k)]).acc.view(n, k)
         out = {"val/acc": acc.float().mean().item()}
         correct = acc.sum(-1).tolist()
-        for j in sorted({1, 2, 4, 8, 16, 32, 64, k} & set(range(1, k + 1))):
+        for j in sorted({2, 4, 8, 16, 32, 64, k} & set(range(2, k + 1))):
             out[f"val/pass@{j}"] = sum(algo.pass_at_k(k, c, j) for c in correct) / n
         by_source = defaultdict(list)
         for p, a in zip(prompts, acc.float().mean(-1).tolist()):
@@ -323,7 +322,9 @@ class Trainer:
         if not resumed:
             self.events.emit("resume", 0, from_step=0, path=None)
         sink = MetricsSink(self.run_dir, cfg.train.total_steps, progress=cfg.run.progress)
-        sink.truncate_after(self.step_count)
+        # Rows past the checkpoint will be written again (all of them, the step-0 validation
+        # included, when there is no checkpoint).
+        sink.truncate_after(self.step_count if resumed else -1)
         self.events.emit("start", self.step_count, resumed=resumed, pid=os.getpid())
         first_start = next(e["time"] for e in read_jsonl(self.run_dir / "events.jsonl") if e["kind"] == "start")
         productive = sum(r.get("timing_s/step", 0.0) for r in read_jsonl(self.run_dir / "metrics.jsonl"))

@@ -14,9 +14,11 @@ class Generator(Protocol):
 
     ``prompts`` are token id lists (no padding). The result's row ``i * n + j`` is sample
     j of prompt i; ``generator`` seeds all sampling so that a call is reproducible.
-    ``sync_weights`` is called after each update when the generator holds its own copy
-    of the policy weights (a backend that shares the trainer's module does nothing).
+    The built-in backends sample with the trainer's own module (``model``), so they see
+    every update without a weight sync.
     """
+
+    model: torch.nn.Module
 
     def generate(
         self,
@@ -25,5 +27,3 @@ class Generator(Protocol):
         params: SamplingParams,
         generator: torch.Generator,
     ) -> RolloutBatch: ...
-
-    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...

@@ -178,8 +178,8 @@ class FastGenerator:
 
     Works with models whose decoder layers call ``past_key_values.update(k, v, layer_idx)``
     and accept a prepared ``{"full_attention": mask}`` attention mask (Llama/Qwen2-style,
-    full attention only, ``sdpa`` or ``eager``). It shares the trainer's module, so
-    :meth:`sync_weights` does nothing. The returned tensors live on the model's device.
+    full attention only, ``sdpa`` or ``eager``). It samples with the trainer's own module
+    (``self.model``), so it always sees the latest weights. The returned tensors live on the model's device.
     """
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int) -> None:
@@ -382,6 +382,3 @@ class FastGenerator:
         if on_step is None:
             return tokens_out, logprobs_out
         return tokens_out, logprobs_out, stopped, t + 1
-
-    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """No-op: this backend samples from the trainer's own module."""

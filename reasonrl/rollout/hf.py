@@ -83,8 +83,8 @@ def draw_seed(generator: torch.Generator) -> int:
 class HFGenerator:
     """Rollouts with ``model.generate`` (any ``transformers`` causal LM, CPU or GPU).
 
-    It shares the trainer's module, so :meth:`sync_weights` does nothing: the next call
-    already samples from the updated weights. The returned tensors live on the model's
+    It samples with the trainer's own module (``self.model``), so the next call already
+    sees the updated weights. The returned tensors live on the model's
     device.
     """
 
@@ -144,6 +144,3 @@ class HFGenerator:
         logits = torch.stack(out.logits, dim=1).float() / temperature
         logprobs = torch.log_softmax(logits, -1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
         return assemble(prompt_ids, prompt_mask, response_ids, logprobs, n, self.pad_id, self.eos_id)
-
-    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """No-op: this backend samples from the trainer's own module."""

@@ -57,11 +57,16 @@ def test_run_writes_the_run_directory(model_dir, tmp_path):
     torch.testing.assert_close(final.state_dict()["lm_head.weight"], load_file(tmp_path / "checkpoints/step_3/policy.safetensors")["lm_head.weight"])
 
 
-def test_resumed_run_ends_with_the_same_weights_and_rows(model_dir, tmp_path):
+@pytest.mark.parametrize("train_size", [64, 8])
+def test_resumed_run_ends_with_the_same_weights_and_rows(model_dir, tmp_path, train_size):
+    # With 8 training prompts and 4 per step, the resume at step 2 falls exactly on an epoch boundary.
     straight, split = tmp_path / "straight", tmp_path / "split"
-    Trainer(config(model_dir, straight, "train.total_steps=4", "eval.every_steps=2")).run()
-    Trainer(config(model_dir, split, "train.total_steps=2", "eval.every_steps=2", "checkpoint.every_steps=1")).run()
-    Trainer(config(model_dir, split, "train.total_steps=4", "eval.every_steps=2", "checkpoint.every_steps=1")).run()
+    data = f"data.train_size={train_size}"
+    Trainer(config(model_dir, straight, data, "train.total_steps=4", "eval.every_steps=2")).run()
+    first = Trainer(config(model_dir, split, data, "train.total_steps=2", "eval.every_steps=2", "checkpoint.every_steps=1"))
+    first.run()
+    assert first.sampler.state_dict() == ({"epoch": 1, "position": 0} if train_size == 8 else {"epoch": 0, "position": 8})
+    Trainer(config(model_dir, split, data, "train.total_steps=4", "eval.every_steps=2", "checkpoint.every_steps=1")).run()
     a = load_file(straight / "checkpoints/step_4/policy.safetensors")
     b = load_file(split / "checkpoints/step_4/policy.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("drill", help="inject one fault of each kind into the demo and tabulate detection and recovery")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--dir", default="runs/drill")
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=80)
     p.set_defaults(fn=cmd_drill)
     p = sub.add_parser("report")
     p.add_argument("run_dirs", nargs="+")

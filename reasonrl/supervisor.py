@@ -53,7 +53,7 @@ STACK_CHARS = 20_000
 TAIL_LINES = 50
 """Lines of the child's stderr kept for a failure event."""
 
-LIFECYCLE_KINDS = frozenset({"start", "resume", "recovered", "done", "stopped"})
+LIFECYCLE_KINDS = frozenset({"start", "resume", "recovered", "done", "stopped", "checkpoint", "slowdown_recovered"})
 """Event kinds that record the run's course rather than an incident."""
 
 _POLL_S = 0.1

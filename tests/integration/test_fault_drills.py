@@ -44,14 +44,14 @@ def supervised(args):
 def test_restarts_after_crash_sigkill_checkpoint_kill_and_hang_end_bit_identical(model_dir, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     Trainer(load("recipes/grpo.yaml", overrides(model_dir, clean, 8))).run()
-    faults = "faults=[crash@2,sigkill@3:stage=gen,sigkill@4:stage=update_actor,ckpt_kill@5,hang@6:stage=old_log_prob]"
+    faults = "faults=[crash@2,sigkill@3:stage=gen,sigkill@4:stage=update_actor,ckpt_kill@5,hang@6:stage=adv]"
     proc = supervised(overrides(model_dir, faulty, 8, faults, "resilience.hang_timeout_s=3", "resilience.max_restarts=8"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = read_jsonl(faulty / "events.jsonl")
     kinds = [e["kind"] for e in events]
     assert kinds.count("crash") == 1 and kinds.count("killed") == 3 and kinds.count("hang") == 1
     hang = next(e for e in events if e["kind"] == "hang")
-    assert hang["stage"] == "old_log_prob" and "compute_logprobs" in hang["stack"] or "_hang_forever" in hang["stack"]
+    assert hang["stage"] == "adv" and "in _hang_forever" in hang["stack"] and "in step" in hang["stack"]
     recovered = [e for e in events if e["kind"] == "recovered"]
     assert len(recovered) == 5 and all(e["recover_s"] >= 0 for e in recovered)
     # ckpt_kill died after a file of step 5 was written: step 5 was redone from step 4.

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 WRAPPER = (
-    "import subprocess, sys, time; t = time.perf_counter(); rc = subprocess.call(sys.argv[2:]); "
+    "import subprocess, sys, time; t = time.perf_counter(); rc = subprocess.call(sys.argv[2:], stdout=subprocess.DEVNULL); "
     "open(sys.argv[1], 'a').write(f'{time.perf_counter() - t}\\n'); sys.exit(rc)"
 )
 

@@ -56,6 +56,9 @@ TAIL_LINES = 50
 LIFECYCLE_KINDS = frozenset({"start", "resume", "recovered", "done", "stopped", "checkpoint", "slowdown_recovered"})
 """Event kinds that record the run's course rather than an incident."""
 
+USAGE_ERROR = 2
+"""Exit code of ``reasonrl`` for bad configuration or input: never restarted."""
+
 _POLL_S = 0.1
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -244,6 +247,10 @@ class _Supervisor:
                     self._recovered(child, finished=True)
                 self.events.emit("done", self._last_step(), restarts=self.restarts, wall_s=time.monotonic() - started)
                 return 0
+            if self.stop_signal is None and returncode == USAGE_ERROR:
+                # Bad config or data: the same command would fail the same way again.
+                self.events.emit("fatal", self._last_step(), returncode=returncode)
+                return returncode
             if self.stop_signal is None:
                 incident = self._failure(child, hang, detected)
                 if incident["backoff_s"] is None:

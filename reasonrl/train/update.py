@@ -7,6 +7,7 @@ mini-batch normaliser ``total``): gradients do not depend on the micro-batch siz
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Callable
 
@@ -62,11 +63,9 @@ def minibatch_steps(
                     sums[k].append(float(v))
             for k, v in shares.items():
                 sums[k].append(v)
-            loss_sum = shares["loss"]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
             sums["grad_norm"].append(float(grad_norm))
-            sums["loss"].append(loss_sum)
-            if torch.isfinite(grad_norm) and torch.isfinite(torch.tensor(loss_sum)):
+            if torch.isfinite(grad_norm) and math.isfinite(shares["loss"]):
                 optimizer.step()
             else:
                 optimizer.zero_grad(set_to_none=True)
@@ -95,7 +94,7 @@ def update_policy(
     """
     rollout = batch.scored.rollout
 
-    def micro_loss(rows: torch.Tensor, total: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def micro_loss(rows: torch.Tensor, total: float) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         logprobs, entropy, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=True)
         mask = batch.loss_mask[rows, :T]
         loss, metrics = ppo_clip(
@@ -131,7 +130,7 @@ def update_critic(
     """One update of the critic: value_coef * 0.5 * agg(max((V - R)^2, (clip(V, V_old +- c) - R)^2))."""
     rollout = batch.scored.rollout
 
-    def micro_loss(rows: torch.Tensor, total: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def micro_loss(rows: torch.Tensor, total: float) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         values, T = critic(rollout, rows)
         mask = batch.loss_mask[rows, :T]
         loss, metrics = value_loss(

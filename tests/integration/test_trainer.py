@@ -93,6 +93,7 @@ def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path):
     assert low.returncode == 2 and "algo.eps_high" in low.stderr and "eps_low" in low.stderr
     missing = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path}", "data.source=/nonexistent/train.jsonl")
     assert missing.returncode == 2 and "/nonexistent/train.jsonl" in missing.stderr
+    assert "restart" not in missing.stderr  # the supervisor does not retry a bad input
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1=?", "ground_truth": "2"}\n{"prompt": "2+2=?"}\n')
     malformed = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path}", f"data.source={rows}")

@@ -40,23 +40,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         last = Trainer(cfg).run()
         print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith("val/")}))
         return 0
-    return run_supervised(cfg, [sys.executable, "-m", "reasonrl.cli", "train", "--no-supervisor", str(recipe), *args.overrides])
+    from reasonrl.supervisor import train_supervised
 
-
-def run_supervised(cfg, command: list[str]) -> int:
-    """Run ``command`` (a trainer) under the supervisor; write and print the run's summary."""
-    from reasonrl.supervisor import RestartPolicy, summarize_run, supervise, write_summary
-
-    r = cfg.resilience
-    # The parent's heartbeat check backs up the in-process watchdog, so it waits longer.
-    heartbeat = 2 * r.hang_timeout_s if r.hang_timeout_s > 0 else float("inf")
-    policy = RestartPolicy(max_restarts=r.max_restarts, backoff_s=r.backoff_s, heartbeat_timeout_s=heartbeat)
-    run_dir = Path(cfg.run.dir)
-    result = supervise(command, run_dir, policy)
-    summary = summarize_run(run_dir)
-    write_summary(run_dir, summary)
-    print(json.dumps({"restarts": result.restarts, **{k: summary[k] for k in ("ettr", "mttr_s", "time_lost_s", "steps_lost", "incidents")}}))
-    return result.returncode
+    return train_supervised(cfg, [sys.executable, "-m", "reasonrl.cli", "train", "--no-supervisor", str(recipe), *args.overrides])
 
 
 def cmd_sft(args: argparse.Namespace) -> int:

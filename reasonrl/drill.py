@@ -22,6 +22,7 @@ from pathlib import Path
 
 from reasonrl.config import Config, load
 from reasonrl.metrics import read_jsonl
+from reasonrl.supervisor import train_supervised
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,9 @@ def drill_overrides(steps: int) -> list[str]:
 
 
 def run_one(recipe: Path, overrides: list[str], run_dir: Path) -> dict:
-    from reasonrl.cli import run_supervised
-
     cfg = load(recipe, [*overrides, f"run.dir={run_dir}"])
     command = [sys.executable, "-m", "reasonrl.cli", "train", "--no-supervisor", str(recipe), *overrides, f"run.dir={run_dir}"]
-    code = run_supervised(cfg, command)
+    code = train_supervised(cfg, command)
     return {"returncode": code, "summary": json.loads((run_dir / "summary.json").read_text())}
 
 

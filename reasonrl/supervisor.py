@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reasonrl.config import Config
 from reasonrl.metrics import EventLog, read_jsonl
 
 HANG_DUMP = "hang_dump.txt"
@@ -481,3 +482,17 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def train_supervised(cfg: Config, command: list[str]) -> int:
+    """Run ``command`` (a trainer) under the supervisor; write and print the run's summary."""
+    r = cfg.resilience
+    # The parent's heartbeat check backs up the in-process watchdog, so it waits longer.
+    heartbeat = 2 * r.hang_timeout_s if r.hang_timeout_s > 0 else float("inf")
+    policy = RestartPolicy(max_restarts=r.max_restarts, backoff_s=r.backoff_s, heartbeat_timeout_s=heartbeat)
+    run_dir = Path(cfg.run.dir)
+    result = supervise(command, run_dir, policy)
+    summary = summarize_run(run_dir)
+    write_summary(run_dir, summary)
+    print(json.dumps({"restarts": result.restarts, **{k: summary[k] for k in ("ettr", "mttr_s", "time_lost_s", "steps_lost", "incidents")}}))
+    return result.returncode

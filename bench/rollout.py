@@ -26,6 +26,7 @@ import time
 import torch
 import transformers
 
+from machine_load import busy_jiffies
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.types import RolloutBatch, SamplingParams
@@ -59,16 +60,6 @@ def build_prompts(count: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(10, 15, (count,), generator=g).tolist()
     return [torch.randint(2, VOCAB, (k,), generator=g).tolist() for k in lengths]
-
-
-def busy_jiffies() -> int:
-    """CPU time all processes used since boot, in clock ticks (0 where /proc is absent)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return 0
-    return sum(fields) - fields[3] - fields[4]  # minus idle and iowait
 
 
 def timed_generate(generator, prompts, n, params, seed) -> tuple[float, RolloutBatch]:

@@ -53,6 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine_load import busy_jiffies
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "grpo.yaml"
 DEFAULT_TRL_PYTHON = "/tmp/venv-trl/bin/python"
@@ -61,16 +63,6 @@ DEFAULT_TRL_PYTHON = "/tmp/venv-trl/bin/python"
 # --------------------------------------------------------------------------- helpers
 def log(*parts) -> None:
     print(*parts, file=sys.stderr, flush=True)
-
-
-def busy_jiffies() -> int:
-    """CPU time all processes used since boot, in clock ticks (0 where /proc is absent)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return 0
-    return sum(fields) - fields[3] - fields[4]  # minus idle and iowait
 
 
 def median(values):

@@ -346,7 +346,7 @@ class Trainer:
                         metrics.update(self.validate())
                 productive += metrics["timing_s/step"]
                 metrics["time"] = time.time() - start
-                metrics["ettr"] = productive / max(time.time() - first_start, 1e-9)
+                metrics.update(self.effective_time(first_start, productive))
                 sink.log(self.step_count, metrics)
                 last.update(metrics)
                 c = cfg.checkpoint.every_steps
@@ -363,6 +363,17 @@ class Trainer:
         if self.step_count >= cfg.train.total_steps:
             self.export(self.run_dir / "final")
         return last
+
+    def effective_time(self, first_start: float, productive: float) -> dict[str, float]:
+        """ETTR = productive step time / wall time since the run first started; time lost =
+        wall - productive; MTTR = mean recovery time of the supervisor's ``recovered`` events."""
+        wall = max(time.time() - first_start, 1e-9)
+        recoveries = [e["recover_s"] for e in read_jsonl(self.run_dir / "events.jsonl") if e["kind"] == "recovered"]
+        return {
+            "ettr": productive / wall,
+            "time_lost_s": wall - productive,
+            "mttr_s": sum(recoveries) / len(recoveries) if recoveries else 0.0,
+        }
 
     def export(self, out: Path) -> None:
         """The policy as a Hugging Face model directory (loads with from_pretrained)."""

@@ -59,7 +59,9 @@ def test_restarts_after_crash_sigkill_checkpoint_kill_and_hang_end_bit_identical
     a = load_file(clean / "checkpoints/step_8/policy.safetensors")
     b = load_file(faulty / "checkpoints/step_8/policy.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed run's weights differ from the clean run"
-    assert [r["step"] for r in read_jsonl(faulty / "metrics.jsonl")] == list(range(1, 9))
+    rows = read_jsonl(faulty / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert 0 < rows[-1]["ettr"] < 1 and rows[-1]["time_lost_s"] > 0 and rows[-1]["mttr_s"] > 0
     summary = json.loads((faulty / "summary.json").read_text())
     assert 0 < summary["ettr"] < 1 and summary["incidents"]["killed"] == 3
 

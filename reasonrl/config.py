@@ -166,7 +166,17 @@ class TrainConfig:
     mini_batch_size: int = 64
     """Samples per optimizer step; must divide the train batch."""
     micro_batch_size: int = 16
-    """Samples per forward/backward; must divide mini_batch_size."""
+    """Samples per forward/backward; must divide mini_batch_size (unused when
+    micro_batch_tokens is set)."""
+    micro_batch_tokens: int = 0
+    """Token budget per forward/backward: each mini-batch's rows sorted by length (prompt +
+    response) and cut so that rows x longest row stays within it (a longer row goes alone),
+    which drops most of the padding when lengths vary (verl's use_dynamic_bsz). The gradient
+    is the same as with fixed micro-batches; 0: fixed micro-batches of micro_batch_size."""
+    skip_zero_advantage: bool = True
+    """Skip the forward/backward of rows whose advantages are all zero (e.g. GRPO groups with
+    equal rewards): their gradient is exactly zero, so the update is unchanged. Applies only
+    with algo.kl_loss_coef = 0 and algo.entropy_coef = 0 (otherwise every row contributes)."""
     old_logprobs: Literal["auto", "rollout", "recompute"] = "auto"
     """Where the old-policy log-probs come from: 'rollout' reuses the sampling log-probs (one
     forward pass fewer per step; valid when the sampler holds the trainer's weights and
@@ -306,7 +316,7 @@ def validate(cfg: Config) -> None:
     batch = t.prompts_per_step * r.n
     _require(batch % t.mini_batch_size == 0, "train.mini_batch_size", t.mini_batch_size,
              f"must divide the train batch train.prompts_per_step * rollout.n = {t.prompts_per_step} * {r.n} = {batch}")
-    _require(t.mini_batch_size % t.micro_batch_size == 0, "train.micro_batch_size", t.micro_batch_size,
+    _require(t.micro_batch_tokens > 0 or t.mini_batch_size % t.micro_batch_size == 0, "train.micro_batch_size", t.micro_batch_size,
              f"must divide train.mini_batch_size = {t.mini_batch_size}")
     _require(t.gen_prompts_per_step == 0 or t.gen_prompts_per_step >= t.prompts_per_step,
              "train.gen_prompts_per_step", t.gen_prompts_per_step,
@@ -410,6 +420,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.ppo_epochs": _AT_LEAST_1,
     "train.mini_batch_size": _AT_LEAST_1,
     "train.micro_batch_size": _AT_LEAST_1,
+    "train.micro_batch_tokens": _NON_NEGATIVE,
     "train.lr": _POSITIVE,
     "train.warmup_steps": _NON_NEGATIVE,
     "train.weight_decay": _NON_NEGATIVE,

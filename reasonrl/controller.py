@@ -141,14 +141,18 @@ class Trainer:
                 old = rollout.logprobs * rollout.response_mask
             else:
                 with self.stage(t, "old_log_prob"):
-                    old = compute_logprobs(self.policy, rollout, cfg.rollout.temperature, cfg.train.micro_batch_size)
+                    old = compute_logprobs(
+                        self.policy, rollout, cfg.rollout.temperature, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens
+                    )
             ref = values = None
             if self.reference is not None:
                 with self.stage(t, "ref"):
-                    ref = compute_logprobs(self.reference, rollout, cfg.rollout.temperature, cfg.train.micro_batch_size)
+                    ref = compute_logprobs(
+                        self.reference, rollout, cfg.rollout.temperature, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens
+                    )
             if self.critic is not None:
                 with self.stage(t, "values"):
-                    values = self.critic.values(rollout, cfg.train.micro_batch_size)
+                    values = self.critic.values(rollout, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens)
             with self.stage(t, "adv"):
                 advantages, returns = self.advantages(scored, loss_mask, values)
             batch = TrainBatch(scored, loss_mask, old, advantages, ref, values, returns)
@@ -170,8 +174,8 @@ class Trainer:
             metrics.update(batch_metrics(batch))
         metrics.update(t)
         metrics.update(self.work_shares)
-        tokens = float(rollout.response_mask.sum()) or 1.0
-        self.slow.update("update_actor", 0, step, t["timing_s/update_actor"] / tokens)
+        # Time per trained token: skipped rows (train.skip_zero_advantage) cost nothing.
+        self.slow.update("update_actor", 0, step, t["timing_s/update_actor"] / (actor_metrics["trained_tokens"] or 1.0))
         self.step_count = step
         return metrics
 

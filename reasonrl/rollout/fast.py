@@ -4,7 +4,8 @@ Same output contract as :class:`~reasonrl.rollout.hf.HFGenerator` and, under gre
 decoding, the same tokens. Each distinct prompt is encoded once (one prefill of the
 left-padded prompts, its cache then copied to its ``n`` samples); each step then feeds one
 token per live row, never re-encoding the prefix; rows that emitted EOS are dropped from
-the work by compacting the batch and the cache.
+the work by compacting the batch and the cache. The model runs through
+:class:`~reasonrl.decoder.LeanDecoder`: about 20 tensor operations per layer and step.
 
 :meth:`FastGenerator.generate_stream` is the same loop with a callback that sees each
 prompt group as soon as all its ``n`` samples have ended, and may stop the loop early
@@ -23,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from reasonrl.decoder import LeanDecoder, unsupported_reason
 from reasonrl.rollout.hf import assemble, draw_seed, pad_prompts, response_mask
 from reasonrl.types import RolloutBatch, SamplingParams
 
@@ -70,47 +72,6 @@ class StreamResult:
         return sum(self.aborted_lengths)
 
 
-class KVCache:
-    """Per-layer key/value buffers ``[B, H_kv, L, D]``, allocated once per batch.
-
-    Duck-types the part of ``transformers.Cache`` that decoder layers use: ``update``
-    writes the new keys/values at the current length and returns views of everything
-    cached so far (no concatenation, no copy of the prefix).
-    """
-
-    def __init__(
-        self, layers: int, batch: int, heads: int, length: int, head_dim: int, dtype, device
-    ) -> None:
-        shape = (batch, heads, length, head_dim)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.length = 0
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Store ``[B, H_kv, q, D]`` new states; return ``[B, H_kv, length + q, D]`` views."""
-        end = self.length + key_states.shape[2]
-        self.keys[layer_idx][:, :, self.length : end] = key_states
-        self.values[layer_idx][:, :, self.length : end] = value_states
-        if layer_idx == len(self.keys) - 1:
-            self.length = end
-        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Number of positions cached so far."""
-        return self.length
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep batch rows ``rows`` (a [K] long tensor, repeats allowed): new buffers
-        with room for the same length, the cached prefix copied, the tail left empty."""
-        self.keys = [self._gather(k, rows) for k in self.keys]
-        self.values = [self._gather(v, rows) for v in self.values]
-
-    def _gather(self, buffer: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        out = buffer.new_empty((rows.shape[0], *buffer.shape[1:]))
-        torch.index_select(buffer[:, :, : self.length], 0, rows, out=out[:, :, : self.length])
-        return out
-
-
 def sample(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,14 +80,16 @@ def sample(
     Log-probs are ``log_softmax(logits / temperature)`` of the chosen token (temperature 1
     for greedy), before truncation. Sampling applies temperature, then top-k, then top-p
     (the smallest set of most likely tokens whose mass reaches ``top_p``), as
-    ``transformers`` does, and draws by an exponential race seeded by ``generator``.
+    ``transformers`` does, and draws by inverting the CDF: token = the first ``i`` with
+    ``cumsum(p)_i > u * sum(p)``, ``u ~ U[0, 1)`` from ``generator`` (one number per row;
+    tokens of zero mass are never chosen).
     """
     logits = logits.float()
     if params.temperature <= 0:
         tokens = logits.argmax(-1)
         logp = torch.log_softmax(logits, -1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits / params.temperature
+    scaled = logits if params.temperature == 1.0 else logits / params.temperature
     logp = torch.log_softmax(scaled, -1)
     V = logits.shape[-1]
     if params.top_p < 1.0 or 0 < params.top_k < V:
@@ -138,57 +101,30 @@ def sample(
             probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), -1)
             drop |= probs.cumsum(-1) - probs >= params.top_p  # the mass before reaches top_p
             drop[:, 0] = False
-        scaled = scaled.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    probs = torch.softmax(scaled, -1)
-    noise = torch.empty(probs.shape, device=generator.device).exponential_(generator=generator)
-    tokens = (probs / noise.to(probs.device)).argmax(-1)
+        probs = torch.softmax(scaled.masked_fill(drop.scatter(-1, order, drop), float("-inf")), -1)
+    else:
+        probs = logp.exp()
+    cdf = probs.cumsum(-1)
+    u = torch.rand((cdf.shape[0], 1), generator=generator, device=generator.device).to(cdf.device)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=V - 1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def attention_masks(
-    prompt_mask: torch.Tensor, length: int, implementation: str, dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(prefill [B, 1, P, P], keys [B, 1, 1, length])`` masks in the format ``implementation``
-    takes: boolean (True = attend) for ``sdpa``, additive ``dtype`` for ``eager``.
-
-    Prefill: causal and key padding, plus the diagonal so that padding queries attend to
-    themselves (finite garbage, never read) instead of to nothing (NaN). Decode: the
-    prompt's padding masked, every generated position visible; a step at cache length
-    ``k`` uses ``keys[..., :k]``.
-    """
-    B, P = prompt_mask.shape
-    device = prompt_mask.device
-    keep = torch.ones((B, length), dtype=torch.bool, device=device)
-    keep[:, :P] = prompt_mask.bool()
-    causal = torch.ones((P, P), dtype=torch.bool, device=device).tril()
-    prefill = (causal & keep[:, None, None, :P]) | torch.eye(P, dtype=torch.bool, device=device)
-    decode = keep[:, None, None, :]
-    if implementation == "sdpa":
-        return prefill, decode
-    if implementation == "eager":
-        neg = torch.finfo(dtype).min
-        return (~prefill).to(dtype) * neg, (~decode).to(dtype) * neg
-    raise ValueError(
-        f"config._attn_implementation: FastGenerator supports 'sdpa' and 'eager', got {implementation!r}"
-    )
-
-
 class FastGenerator:
-    """Rollouts with a hand-written batched decode loop over a ``transformers`` decoder.
+    """Rollouts with a hand-written batched decode loop over the trainer's own decoder.
 
-    Works with models whose decoder layers call ``past_key_values.update(k, v, layer_idx)``
-    and accept a prepared ``{"full_attention": mask}`` attention mask (Llama/Qwen2-style,
-    full attention only, ``sdpa`` or ``eager``). It samples with the trainer's own module
-    (``self.model``), so it always sees the latest weights. The returned tensors live on the model's device.
+    Runs the model's parameters through :class:`~reasonrl.decoder.LeanDecoder` (Llama,
+    Qwen2 and Qwen3 decoders; ``rollout.backend=hf`` runs any other causal LM). It samples
+    with the trainer's own module (``self.model``), so it always sees the latest weights.
+    The returned tensors live on the model's device.
     """
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int) -> None:
-        layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
-        if layer_types != {"full_attention"}:
-            raise ValueError(
-                f"config.layer_types: FastGenerator supports full attention only, got {sorted(layer_types)}"
-            )
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"rollout.backend=fast does not support this model: {reason}; use rollout.backend=hf")
         self.model = model
+        self.decoder = LeanDecoder(model)
         self.pad_id = pad_id
         self.eos_id = eos_id
 
@@ -286,34 +222,25 @@ class FastGenerator:
         batch.group_ids = rows // n
         return batch
 
-    def _prefill(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, length: int
-    ) -> tuple[KVCache, torch.Tensor, torch.Tensor]:
+    def _prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, length: int):
         """Encode each distinct prompt (every ``n``-th row) once into a cache of ``length``
-        positions, then copy it to the prompt's ``n`` rows.
+        slots, then copy it to the prompt's ``n`` rows.
 
-        Returns ``(cache, logits [B, V] of the first response token, decode key mask)``.
+        Returns ``(layers, cache, rope table, logits [B, V] of the first response token,
+        key bias [B, 1, 1, length]: -inf on the prompts' padding, 0 elsewhere)``.
         """
-        config = self.model.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        decoder = self.decoder
         dtype = next(self.model.parameters()).dtype
         ids, mask = prompt_ids[::n], prompt_mask[::n]
-        cache = KVCache(
-            config.num_hidden_layers, ids.shape[0], config.num_key_value_heads, length, head_dim, dtype,
-            ids.device,
-        )
-        prefill_mask, key_mask = attention_masks(mask, length, config._attn_implementation, dtype)
-        logits = self.model(
-            input_ids=ids,
-            attention_mask={"full_attention": prefill_mask},
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
+        layers = decoder.fuse()
+        table = decoder.rope_table(length, ids.device, dtype)
+        cache = decoder.new_cache(ids.shape[0], length, ids.device, dtype)
+        logits = decoder.prefill(layers, ids, mask, cache, table)
         parent = torch.arange(prompt_ids.shape[0], device=ids.device) // n
         cache.select(parent)
-        return cache, logits[parent], key_mask[parent]
+        key_bias = torch.zeros((prompt_ids.shape[0], 1, 1, length), dtype=dtype, device=ids.device)
+        key_bias[:, 0, 0, : prompt_mask.shape[1]].masked_fill_(prompt_mask == 0, float("-inf"))
+        return layers, cache, table, logits[parent], key_bias
 
     def _decode(
         self,
@@ -343,9 +270,9 @@ class FastGenerator:
                 return tokens_out, logprobs_out
             stopped = bool(on_step(-1, torch.ones(B, dtype=torch.bool, device=device), tokens_out, logprobs_out))
             return tokens_out, logprobs_out, stopped, 0
-        cache, logits, key_mask = self._prefill(prompt_ids, prompt_mask, n, P + steps)
+        layers, cache, table, logits, key_bias = self._prefill(prompt_ids, prompt_mask, n, P + steps)
         rows = torch.arange(B, device=device)  # original row of each batch row
-        position = prompt_mask.sum(-1, keepdim=True)  # next position id of each batch row
+        position = prompt_mask.sum(-1)  # next position id of each batch row
         alive = torch.ones(B, dtype=torch.bool, device=device)  # no EOS yet
         ended = torch.zeros(B, dtype=torch.bool, device=device) if on_step is not None else None
         live_before, stopped, t = B, False, 0
@@ -370,14 +297,8 @@ class FastGenerator:
                 keep = alive.nonzero().squeeze(-1)
                 cache.select(keep)
                 rows, tokens, position, alive = rows[keep], tokens[keep], position[keep], alive[keep]
-                key_mask = key_mask[keep]
-            logits = self.model(
-                input_ids=tokens[:, None],
-                attention_mask={"full_attention": key_mask[..., : P + t + 1]},
-                position_ids=position,
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
+                key_bias = key_bias[keep]
+            logits = self.decoder.decode(layers, tokens, position, key_bias, cache, table)
             position = position + 1
         if on_step is None:
             return tokens_out, logprobs_out

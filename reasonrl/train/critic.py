@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModel
 
 from reasonrl.data.model import DTYPES
-from reasonrl.train.logprobs import sequence_inputs
+from reasonrl.decoder import LeanDecoder, unsupported_reason
+from reasonrl.train.logprobs import micro_batches, response_hidden, sequence_inputs, sequence_lengths
 from reasonrl.types import RolloutBatch
 
 
@@ -26,18 +27,22 @@ class Critic(torch.nn.Module):
 
     def forward(self, rollout: RolloutBatch, rows: torch.Tensor) -> tuple[torch.Tensor, int]:
         """``(values [b, T'] for the response tokens of rows, T')``."""
-        inputs, P, T = sequence_inputs(rollout, rows)
-        hidden = self.body(**inputs, use_cache=False).last_hidden_state
-        return self.value_head(hidden[:, P - 1 : P - 1 + T]).squeeze(-1).float(), T
+        if unsupported_reason(self.body) is None:
+            hidden, T = response_hidden(LeanDecoder(self.body), rollout, rows)
+        else:
+            inputs, P, T = sequence_inputs(rollout, rows)
+            hidden = self.body(**inputs, use_cache=False).last_hidden_state[:, P - 1 : P - 1 + T]
+        return self.value_head(hidden).squeeze(-1).float(), T
 
     @torch.no_grad()
-    def values(self, rollout: RolloutBatch, micro_batch_size: int) -> torch.Tensor:
+    def values(self, rollout: RolloutBatch, micro_batch_size: int, micro_batch_tokens: int = 0) -> torch.Tensor:
         """Values [B, T] of every response position (0 on padding), without gradients."""
         was_training = self.training
         self.eval()
         out = torch.zeros_like(rollout.response_mask)
         try:
-            for rows in torch.arange(rollout.size).split(micro_batch_size):
+            rows = torch.arange(rollout.size)
+            for rows in micro_batches(rows, sequence_lengths(rollout), micro_batch_size, micro_batch_tokens):
                 values, T = self(rollout, rows)
                 out[rows, :T] = values
         finally:

@@ -16,7 +16,7 @@ import torch
 from reasonrl.algo import agg_normaliser, aggregate, kl_penalty, ppo_clip, value_loss
 from reasonrl.config import AlgoConfig, TrainConfig
 from reasonrl.train.critic import Critic
-from reasonrl.train.logprobs import policy_logprobs
+from reasonrl.train.logprobs import micro_batches, policy_logprobs, sequence_lengths
 from reasonrl.types import TrainBatch
 
 MicroLoss = Callable[[torch.Tensor, float], tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]]
@@ -30,15 +30,23 @@ def minibatch_steps(
     params: list[torch.nn.Parameter],
     optimizer: torch.optim.Optimizer,
     mask: torch.Tensor,
+    lengths: torch.Tensor,
     agg: str,
     train: TrainConfig,
     micro_loss: MicroLoss,
     poison: bool = False,
+    active: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Run ``train.ppo_epochs`` passes over the batch in mini-batches of ``train.mini_batch_size``.
 
-    Per mini-batch: zero grads, accumulate micro-batch gradients, clip the global grad norm
-    to ``train.grad_clip``, step. A non-finite loss or grad norm skips the optimizer step
+    Per mini-batch: zero grads, accumulate the gradients of its micro-batches
+    (:func:`~reasonrl.train.logprobs.micro_batches` of ``train.micro_batch_size`` rows, or
+    length-sorted within ``train.micro_batch_tokens``; ``lengths`` are the rows' prompt +
+    response tokens), clip the global grad norm
+    to ``train.grad_clip``, step. With ``active`` (a [B] bool), only active rows run forward
+    and backward; the others must have an exactly zero gradient (the loss normaliser still
+    counts them), and a mini-batch without active rows steps on zero gradients, as the full
+    computation would. A non-finite loss or grad norm skips the optimizer step
     (counted in ``nonfinite_skips``). ``poison`` turns the loss into NaN (fault drills).
     Returns shares summed per mini-batch then averaged over mini-batches, means averaged
     over micro-batches, and ``grad_norm`` averaged over mini-batches.
@@ -51,7 +59,11 @@ def minibatch_steps(
             total = agg_normaliser(mask[mini], agg)
             optimizer.zero_grad(set_to_none=True)
             shares: dict[str, float] = defaultdict(float)
-            for micro in mini.split(train.micro_batch_size):
+            run = mini if active is None else mini[active[mini]]
+            if run.numel() == 0:
+                for p in params:
+                    p.grad = torch.zeros_like(p)
+            for micro in micro_batches(run, lengths, train.micro_batch_size, train.micro_batch_tokens) if run.numel() else []:
                 loss, micro_shares, means = micro_loss(micro, total)
                 if poison:
                     loss = loss * float("nan")
@@ -61,6 +73,8 @@ def minibatch_steps(
                     shares[k] += float(v)
                 for k, v in means.items():
                     sums[k].append(float(v))
+            if poison and run.numel() == 0:
+                shares["loss"] = float("nan")
             for k, v in shares.items():
                 sums[k].append(v)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
@@ -91,6 +105,12 @@ def update_policy(
            + kl_loss_coef * agg(kl_penalty(logp, ref, kl_kind))
            - entropy_coef * agg(entropy)
     all aggregated with ``algo.loss_agg`` over the loss mask.
+
+    With ``train.skip_zero_advantage`` and no KL or entropy term, rows whose advantages are 0
+    on every token (a group-relative group with equal rewards) are not run: each of their
+    loss terms is ``-0 * ratio``, so their gradient is exactly zero and the update is the
+    same. ``actor/entropy`` and the clip fractions then describe the rows that ran;
+    ``trained_tokens`` and ``trained_rows_frac`` say how many.
     """
     rollout = batch.scored.rollout
 
@@ -121,7 +141,17 @@ def update_policy(
         return loss, shares, metrics
 
     model.train()
-    return minibatch_steps(list(model.parameters()), optimizer, batch.loss_mask, algo.loss_agg, train, micro_loss, poison)
+    active = None
+    if train.skip_zero_advantage and algo.kl_loss_coef == 0 and algo.entropy_coef == 0:
+        active = ((batch.advantages != 0) & batch.loss_mask.bool()).any(-1)
+    lengths = sequence_lengths(rollout)
+    out = minibatch_steps(
+        list(model.parameters()), optimizer, batch.loss_mask, lengths, algo.loss_agg, train, micro_loss, poison, active
+    )
+    trained = batch.loss_mask if active is None else batch.loss_mask * active[:, None]
+    out["trained_tokens"] = float(trained.sum())
+    out["trained_rows_frac"] = 1.0 if active is None else float(active.float().mean())
+    return out
 
 
 def update_critic(
@@ -139,5 +169,6 @@ def update_critic(
         return train.value_coef * loss, {"vf_loss": loss.detach()}, metrics
 
     critic.train()
-    return minibatch_steps(list(critic.parameters()), optimizer, batch.loss_mask, algo.loss_agg, train, micro_loss)
+    lengths = sequence_lengths(rollout)
+    return minibatch_steps(list(critic.parameters()), optimizer, batch.loss_mask, lengths, algo.loss_agg, train, micro_loss)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -46,3 +47,68 @@ def test_micro_batching_gives_same_loss_and_gradients(agg):
     assert m1["pg_loss"] == pytest.approx(m8["pg_loss"], rel=1e-5, abs=1e-7)
     assert m1["entropy"] == pytest.approx(m8["entropy"], rel=1e-5)
     assert m1["grad_norm"] == pytest.approx(m8["grad_norm"], rel=1e-5)
+
+
+def _sgd_update(base, batch, algo, train):
+    """(metrics, parameter change) of one update_policy call with SGD at lr 1 on a copy of ``base``."""
+    model = copy.deepcopy(base)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    metrics = update_policy(model, opt, batch, algo, train, temperature=1.0, horizon=7)
+    return metrics, torch.cat([(p0 - p1).flatten() for p0, p1 in zip(base.parameters(), model.parameters())])
+
+
+def test_token_budget_micro_batches_give_same_update():
+    torch.use_deterministic_algorithms(True)
+    base = tiny_qwen2()
+    batch = _train_batch(base)
+    algo = AlgoConfig(loss_agg="token-mean", eps_low=0.2, eps_high=0.28)
+    m_rows, d_rows = _sgd_update(base, batch, algo, TrainConfig(mini_batch_size=8, micro_batch_size=8, grad_clip=1e9))
+    m_tok, d_tok = _sgd_update(base, batch, algo, TrainConfig(mini_batch_size=8, micro_batch_tokens=20, grad_clip=1e9))
+    assert d_rows.abs().max() > 1e-4
+    torch.testing.assert_close(d_tok, d_rows, rtol=1e-4, atol=1e-6)
+    assert m_tok["pg_loss"] == pytest.approx(m_rows["pg_loss"], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_rows_with_zero_advantage_are_skipped_without_changing_the_update(agg):
+    torch.use_deterministic_algorithms(True)
+    base = tiny_qwen2()
+    batch = _train_batch(base)
+    batch.advantages[[1, 2, 5]] = 0.0  # three rows (e.g. equal-reward groups) carry no signal
+    algo = AlgoConfig(loss_agg=agg, eps_low=0.2, eps_high=0.28, entropy_coef=0.0, kl_loss_coef=0.0)
+    for mini in (8, 4):
+        full = TrainConfig(mini_batch_size=mini, micro_batch_size=2, grad_clip=1e9, skip_zero_advantage=False)
+        m_all, d_all = _sgd_update(base, batch, algo, full)
+        m_skip, d_skip = _sgd_update(base, batch, algo, replace(full, skip_zero_advantage=True))
+        assert d_all.abs().max() > 1e-4
+        torch.testing.assert_close(d_skip, d_all, rtol=1e-4, atol=1e-6)
+        assert m_skip["pg_loss"] == pytest.approx(m_all["pg_loss"], rel=1e-5, abs=1e-7)
+        # Rows 0, 3, 4 and 6 run; row 7's response is empty (nothing in its loss mask).
+        assert m_all["trained_rows_frac"] == 1.0 and m_skip["trained_rows_frac"] == 4 / 8
+        assert m_skip["trained_tokens"] == float(batch.loss_mask.sum() - batch.loss_mask[[1, 2, 5]].sum())
+
+
+def test_a_mini_batch_without_signal_still_steps_the_optimizer():
+    # Every row of the first mini-batch has zero advantage: Adam still steps (its moments
+    # decay) exactly as with the rows run, whose gradient would be zero.
+    base = tiny_qwen2()
+    batch = _train_batch(base)
+    batch.advantages[:4] = 0.0
+    algo = AlgoConfig(loss_agg="token-mean", entropy_coef=0.0, kl_loss_coef=0.0)
+    deltas = []
+    for skip in (False, True):
+        model = copy.deepcopy(base)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        train = TrainConfig(mini_batch_size=4, micro_batch_size=4, grad_clip=1e9, skip_zero_advantage=skip)
+        update_policy(model, opt, batch, algo, train, temperature=1.0, horizon=7)
+        deltas.append(torch.cat([(p0 - p1).flatten() for p0, p1 in zip(base.parameters(), model.parameters())]))
+    torch.testing.assert_close(deltas[1], deltas[0], rtol=1e-4, atol=1e-7)
+
+
+def test_entropy_or_kl_terms_disable_skipping():
+    base = tiny_qwen2()
+    batch = _train_batch(base)
+    batch.advantages[[1, 2]] = 0.0
+    train = TrainConfig(mini_batch_size=8, micro_batch_size=8, grad_clip=1e9)
+    m, _ = _sgd_update(base, batch, AlgoConfig(entropy_coef=0.01, kl_loss_coef=0.0), train)
+    assert m["trained_rows_frac"] == 1.0

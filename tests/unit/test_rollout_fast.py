@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from reasonrl.rollout.fast import FastGenerator, attention_masks
+from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.types import SamplingParams
 from tests.unit.test_rollout_hf import (
@@ -27,11 +27,10 @@ from tests.unit.test_rollout_hf import (
 
 
 def rows_per_call(model) -> list[int]:
-    """Record the batch size of every forward call of ``model`` (appended to the returned list)."""
+    """Record the batch size of every forward pass through ``model``'s embedding (appended
+    to the returned list): one per prefill and per decode step."""
     rows: list[int] = []
-    model.register_forward_pre_hook(
-        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
-    )
+    model.model.embed_tokens.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[0]))
     return rows
 
 
@@ -55,14 +54,15 @@ def test_greedy_equals_hf(attention):
 
 
 def test_stops_when_every_row_ended():
-    # Row 0 ends at once but is not worth compacting away (1 of 5); the others end at step 12.
+    # Row 0 ends at once but is not worth compacting away (1 of 5); the others end at step 28
+    # (this model's greedy path).
     model = tiny_qwen2(trigger_bias=30.0)
     prompts = [PROMPTS[1]] + [PROMPTS[0]] * 4
     rows = rows_per_call(model)
     params = SamplingParams(temperature=0.0, max_new_tokens=30)
     batch = FastGenerator(model, PAD, EOS).generate(prompts, 1, params, torch.Generator().manual_seed(0))
-    assert batch.lengths.tolist() == [1, 12, 12, 12, 12]
-    assert rows == [5] * 12
+    assert batch.lengths.tolist() == [1, 28, 28, 28, 28]
+    assert rows == [5] * 28
 
 
 @pytest.mark.parametrize(
@@ -190,8 +190,10 @@ def test_mode_restored(training):
 
 
 def test_unsupported_models_are_named():
-    with pytest.raises(ValueError, match="_attn_implementation.*flash_attention_2"):
-        attention_masks(torch.ones(1, 3, dtype=torch.long), 5, "flash_attention_2")
+    model = tiny_qwen2()
+    model.config.model_type = "gpt2"
+    with pytest.raises(ValueError, match="model_type = 'gpt2'.*rollout.backend=hf"):
+        FastGenerator(model, PAD, EOS)
     model = tiny_qwen2()
     model.config.layer_types = ["full_attention", "sliding_attention"]
     with pytest.raises(ValueError, match="layer_types.*sliding_attention"):
@@ -230,7 +232,7 @@ def group_rows(groups, n: int) -> torch.Tensor:
 )
 def test_stream_completed_groups_equal_generate(params):
     n = 4
-    model = tiny_qwen2(eos_bias=3.0, trigger_bias=30.0)
+    model = tiny_qwen2(eos_bias=2.0, trigger_bias=30.0)
     gen = FastGenerator(model, PAD, EOS)
     plain = gen.generate(STREAM_PROMPTS, n, params, torch.Generator().manual_seed(3))
     longest = plain.lengths.view(-1, n).max(1).values
@@ -276,7 +278,7 @@ def test_stream_completed_groups_equal_generate(params):
 
 
 def test_stream_stop_ends_decoding_at_once():
-    model = tiny_qwen2(eos_bias=3.0, trigger_bias=30.0)
+    model = tiny_qwen2(eos_bias=2.0, trigger_bias=30.0)
     gen = FastGenerator(model, PAD, EOS)
     params = SamplingParams(temperature=1.0, max_new_tokens=16)
     rows = rows_per_call(model)

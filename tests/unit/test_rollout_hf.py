@@ -22,37 +22,42 @@ PROMPTS = [[3, 9, 14], [7, 2, 30, 41, TRIGGER], [22, 8], [11, 12, 13, 17, 19, 23
 def tiny_qwen2(seed: int = 0, eos_bias: float = 0.0, trigger_bias: float = 0.0, attention: str = "sdpa"):
     """A ~100k-parameter random Qwen2 (weights drawn wider than the default so that greedy
     paths vary instead of repeating the last token) whose EOS logit gets ``eos_bias`` everywhere, plus
-    ``trigger_bias`` at positions whose input token is ``TRIGGER``.
+    about ``trigger_bias`` at positions whose input token is ``TRIGGER``.
 
-    The bias is a forward hook on the whole model, so generate, a full forward pass and
-    any decode loop that calls the model see the same logits. ``attention`` is the
-    ``transformers`` attention implementation.
+    Both live in the weights, so every implementation of the forward pass sees them: the
+    EOS bias is an LM-head bias; the trigger uses a residual dimension ``j`` that only
+    ``TRIGGER``'s embedding writes (100, while no layer writes to it), so at a trigger
+    position the final norm makes ``h_j ~ sqrt(hidden)`` and the EOS row of the LM head reads it.
+    ``attention`` is the ``transformers`` attention implementation.
     """
     torch.manual_seed(seed)
+    hidden = 64
     config = transformers.Qwen2Config(
         vocab_size=48,
-        hidden_size=64,
+        hidden_size=hidden,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=128,
         max_position_embeddings=128,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
         initializer_range=0.2,
         attn_implementation=attention,
     )
     model = transformers.Qwen2ForCausalLM(config).eval()
-
-    def bias_eos(module, args, kwargs, output):
-        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
-        logits = output.logits.clone()
-        hit = (ids[:, -logits.shape[1] :] == TRIGGER).to(logits.dtype)
-        logits[..., EOS] += eos_bias + trigger_bias * hit
-        output.logits = logits
-        return output
-
-    if eos_bias or trigger_bias:
-        model.register_forward_hook(bias_eos, with_kwargs=True)
+    with torch.no_grad():
+        bias = torch.zeros(config.vocab_size)
+        bias[EOS] = eos_bias
+        model.lm_head.bias = torch.nn.Parameter(bias)
+        if trigger_bias:
+            j = hidden - 1
+            model.model.embed_tokens.weight[:, j] = 0.0
+            model.model.embed_tokens.weight[TRIGGER, j] = 100.0
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight[j] = 0.0
+                layer.mlp.down_proj.weight[j] = 0.0
+            model.lm_head.weight[:, j] = 0.0
+            model.lm_head.weight[EOS, j] = trigger_bias / hidden**0.5
     return model
 
 

@@ -1,0 +1,290 @@
+"""A lean forward pass of Llama-family decoders over the Hugging Face module's own parameters.
+
+At the sizes RL on a CPU uses, a ``transformers`` decoder layer spends more time in Python,
+mask building and small-tensor dispatch than in arithmetic. This module computes the same
+function with the fewest tensor operations: the q/k/v and gate/up projections fused into
+one matrix product each, RMSNorm as one fused op, attention over a preallocated key/value
+cache during decoding, and plain causal attention (no mask tensor) for scoring. The
+parameters are the module's own (``model.parameters()``), so gradients, optimizers and
+checkpoints see no difference; tests compare logits with ``transformers`` to 1e-5.
+
+Per layer, with ``n(.)`` the RMSNorm and ``rope`` the rotary embedding::
+
+    q, k, v = split(n1(x) @ [Wq; Wk; Wv]^T + [bq; bk; bv])       (bias: Qwen2)
+    q, k    = rope(qn(q)), rope(kn(k))                              (qn, kn: Qwen3 only)
+    x       = x + Wo softmax(q k^T / sqrt(d) + causal) v             (grouped-query)
+    x       = x + Wd (silu(n2(x) Wg^T) * (n2(x) Wu^T))
+    logits  = n(x) Wlm^T (+ blm)
+
+Supported: ``llama``, ``qwen2`` and ``qwen3`` configurations with full attention, SiLU
+MLPs and no dropout (:func:`unsupported_reason` says why another is not); anything else
+runs through the ``transformers`` modules (``rollout.backend=hf``, and the generic scoring
+path of :mod:`reasonrl.train.logprobs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why :class:`LeanDecoder` cannot run ``model`` (a config key and its value), or None."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"config.model_type = {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        return f"config.layer_types = {sorted(layer_types)} (full attention only)"
+    checks = {
+        "hidden_act": ("silu", getattr(config, "hidden_act", "silu")),
+        "mlp_bias": (False, getattr(config, "mlp_bias", False)),
+        "attention_dropout": (0.0, float(getattr(config, "attention_dropout", 0.0) or 0.0)),
+        "pretraining_tp": (1, getattr(config, "pretraining_tp", 1)),
+    }
+    for key, (wanted, got) in checks.items():
+        if got != wanted:
+            return f"config.{key} = {got!r} (supported: {wanted!r})"
+    return None
+
+
+@dataclass
+class FusedLayer:
+    """One decoder layer's projections, fused (views of concatenations of the parameters)."""
+
+    qkv_weight: torch.Tensor  # [(H + 2 Hkv) D, d]
+    qkv_bias: torch.Tensor | None
+    o_weight: torch.Tensor  # [d, H D]
+    o_bias: torch.Tensor | None
+    gate_up_weight: torch.Tensor  # [2 I, d]
+    down_weight: torch.Tensor  # [d, I]
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    qk_norm: torch.Tensor | None  # [H + Hkv, D]: Qwen3's per-head q and k norm weights
+
+
+class KVCache:
+    """Per-layer key/value buffers ``[B, Hkv, L, D]``, allocated once per batch; slot ``s``
+    of every row is written at the same decode step."""
+
+    def __init__(self, layers: int, batch: int, kv_heads: int, length: int, head_dim: int, dtype, device) -> None:
+        shape = (batch, kv_heads, length, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.length = 0  # slots filled
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep batch rows ``rows`` (a [K] long tensor, repeats allowed), filled slots copied."""
+        self.keys = [self._gather(k, rows) for k in self.keys]
+        self.values = [self._gather(v, rows) for v in self.values]
+
+    def _gather(self, buffer: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        out = buffer.new_empty((rows.shape[0], *buffer.shape[1:]))
+        torch.index_select(buffer[:, :, : self.length], 0, rows, out=out[:, :, : self.length])
+        return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dim (no weight: 1), in fp32 as
+    ``transformers`` does."""
+    shape = x.shape[-1:]
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, shape, weight, eps)
+    normed = F.rms_norm(x.float(), shape, None, eps).to(x.dtype)
+    return normed if weight is None else weight * normed
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding: ``x * cos + rotate_half(x) * sin``, ``rotate_half([a, b]) = [-b, a]``."""
+    a, b = x.chunk(2, -1)
+    return torch.addcmul(x * cos, torch.cat((-b, a), -1), sin)
+
+
+class LeanDecoder:
+    """The forward pass of a supported decoder (see the module docstring) on ``model``'s parameters.
+
+    :meth:`logits_at` scores right-padded sequences (training, reference and old-policy
+    log-probs); :meth:`prefill` and :meth:`decode` run generation over a :class:`KVCache`.
+    Fused weights are rebuilt by :meth:`fuse` on each call of :meth:`logits_at` (cheap, and
+    the gradients flow back to the parameters) and once per batch for generation.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the lean decoder does not support this model: {reason}")
+        config = model.config
+        self.model = model
+        self.body = model.model if hasattr(model, "lm_head") else model  # a causal LM, or its body alone
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.eps = config.rms_norm_eps
+        self.scale = self.head_dim**-0.5
+
+    # ------------------------------------------------------------------ weights
+    def fuse(self) -> list[FusedLayer]:
+        """Each layer's fused projections, built from the current parameters."""
+        layers = []
+        for layer in self.body.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+            layers.append(
+                FusedLayer(
+                    qkv_weight=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                    qkv_bias=None if biases[0] is None else torch.cat(biases),
+                    o_weight=attn.o_proj.weight,
+                    o_bias=attn.o_proj.bias,
+                    gate_up_weight=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                    down_weight=mlp.down_proj.weight,
+                    ln1=layer.input_layernorm.weight,
+                    ln2=layer.post_attention_layernorm.weight,
+                    qk_norm=torch.cat(
+                        [attn.q_norm.weight.expand(self.heads, -1), attn.k_norm.weight.expand(self.kv_heads, -1)]
+                    ) if hasattr(attn, "q_norm") else None,
+                )
+            )
+        return layers
+
+    def rope_table(self, length: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``[length, D]`` for positions ``0 .. length - 1``, from the model's own
+        rotary module (so rope scaling variants match)."""
+        positions = torch.arange(length, device=device)[None]
+        cos, sin = self.body.rotary_emb(torch.empty(0, device=device, dtype=dtype), positions)
+        return cos[0], sin[0]
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return rms_norm(hidden, self.body.norm.weight, self.eps)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of last-layer hidden states (before the final norm)."""
+        head = self.model.lm_head
+        return F.linear(self.final_norm(hidden), head.weight, head.bias)
+
+    # ------------------------------------------------------------------ shared layer parts
+    def _qkv(self, w: FusedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``(q [..., H, D], k [..., Hkv, D], v [..., Hkv, D])`` of hidden states ``x [..., d]``,
+        with ``cos``/``sin`` broadcastable to ``[..., 1, D]``."""
+        H, Hkv, D = self.heads, self.kv_heads, self.head_dim
+        qkv = F.linear(rms_norm(x, w.ln1, self.eps), w.qkv_weight, w.qkv_bias)
+        qk, v = qkv.unflatten(-1, (H + 2 * Hkv, D)).split([H + Hkv, Hkv], -2)
+        if w.qk_norm is not None:
+            qk = rms_norm(qk, None, self.eps) * w.qk_norm
+        q, k = rope(qk, cos, sin).split([H, Hkv], -2)  # one rotation for the query and key heads
+        return q, k, v
+
+    def _mlp(self, w: FusedLayer, x: torch.Tensor) -> torch.Tensor:
+        """``x + Wd (silu(n2(x) Wg^T) * n2(x) Wu^T)``."""
+        gate, up = F.linear(rms_norm(x, w.ln2, self.eps), w.gate_up_weight).chunk(2, -1)
+        return x + F.linear(F.silu(gate) * up, w.down_weight)
+
+    # ------------------------------------------------------------------ scoring
+    def hidden_states(self, ids: torch.Tensor) -> torch.Tensor:
+        """Last-layer hidden states ``[b, S, d]`` (before the final norm) of right-padded
+        sequences ``ids [b, S]`` that start at position 0.
+
+        Padding sits after each row's last real token, so causal attention alone keeps every
+        real position from seeing it (padding positions compute finite garbage, never read).
+        """
+        b, S = ids.shape
+        x = self.body.embed_tokens(ids)
+        cos, sin = self.rope_table(S, ids.device, x.dtype)
+        cos, sin = cos[:, None], sin[:, None]  # [S, 1, D]
+        for w in self.fuse():
+            q, k, v = self._qkv(w, x, cos, sin)  # [b, S, heads, D]
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                is_causal=True, scale=self.scale, enable_gqa=self.heads != self.kv_heads,
+            )
+            x = x + F.linear(attn.transpose(1, 2).flatten(2), w.o_weight, w.o_bias)
+            x = self._mlp(w, x)
+        return x
+
+    def hidden_at(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Last-layer hidden states ``[b, T, d]`` (before the final norm) at ``positions [b, T]``
+        (indices into each row) of right-padded ``ids [b, S]``."""
+        hidden = self.hidden_states(ids)
+        return hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+
+    def logits_at(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits ``[b, T, V]`` at ``positions [b, T]``; the LM head runs on those positions only."""
+        return self.lm_head(self.hidden_at(ids, positions))
+
+    # ------------------------------------------------------------------ generation
+    def new_cache(self, batch: int, length: int, device, dtype) -> KVCache:
+        return KVCache(len(self.body.layers), batch, self.kv_heads, length, self.head_dim, dtype, device)
+
+    @torch.no_grad()
+    def prefill(
+        self, layers: list[FusedLayer], ids: torch.Tensor, mask: torch.Tensor, cache: KVCache, table
+    ) -> torch.Tensor:
+        """Encode left-padded prompts ``ids [G, P]`` (``mask``: 1 = real token) into cache slots
+        ``0 .. P-1``; return the logits ``[G, V]`` that follow each prompt.
+
+        Each real query attends to the real keys up to itself; a padding query attends to
+        itself only (finite garbage in slots that decoding masks out).
+        """
+        G, P = ids.shape
+        cos, sin = table
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cos, sin = cos[positions][:, :, None], sin[positions][:, :, None]  # [G, P, 1, D]
+        keep = mask.bool()
+        allowed = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril() & keep[:, None, None, :]
+        allowed |= torch.eye(P, dtype=torch.bool, device=ids.device)
+        x = self.body.embed_tokens(ids)
+        for i, w in enumerate(layers):
+            q, k, v = self._qkv(w, x, cos, sin)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # [G, Hkv, P, D]
+            cache.keys[i][:, :, :P] = k
+            cache.values[i][:, :, :P] = v
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k, v, attn_mask=allowed, scale=self.scale, enable_gqa=self.heads != self.kv_heads
+            )
+            x = x + F.linear(attn.transpose(1, 2).flatten(2), w.o_weight, w.o_bias)
+            x = self._mlp(w, x)
+        cache.length = P
+        return self.lm_head(x[:, -1])
+
+    @torch.no_grad()
+    def decode(
+        self,
+        layers: list[FusedLayer],
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        key_bias: torch.Tensor,
+        cache: KVCache,
+        table,
+    ) -> torch.Tensor:
+        """One step: feed ``tokens [B]`` at rotary ``positions [B]`` into the next cache slot;
+        return the next logits ``[B, V]``. ``key_bias [B, 1, 1, >= slots]`` is 0 for keys to
+        attend to and -inf for padding.
+
+        Attention per kv head group: ``softmax(q k^T / sqrt(D) + bias) v`` with the ``H / Hkv``
+        query heads of a group as the rows of one small matrix product.
+        """
+        B = tokens.shape[0]
+        Hkv, D = self.kv_heads, self.head_dim
+        G = self.heads // Hkv
+        s = cache.length
+        cos, sin = table
+        cos, sin = cos[positions][:, None], sin[positions][:, None]  # [B, 1, D]
+        bias = key_bias[..., : s + 1]
+        x = self.body.embed_tokens(tokens)
+        for i, w in enumerate(layers):
+            q, k, v = self._qkv(w, x, cos, sin)  # [B, heads, D]
+            keys, values = cache.keys[i], cache.values[i]
+            keys[:, :, s] = k
+            values[:, :, s] = v
+            scores = torch.matmul(q.view(B, Hkv, G, D), keys[:, :, : s + 1].transpose(-1, -2))
+            probs = torch.softmax(torch.add(bias, scores, alpha=self.scale), -1)
+            attn = torch.matmul(probs, values[:, :, : s + 1])  # [B, Hkv, G, D]
+            x = torch.addmm(x if w.o_bias is None else x + w.o_bias, attn.reshape(B, Hkv * G * D), w.o_weight.t())
+            gate, up = torch.mm(rms_norm(x, w.ln2, self.eps), w.gate_up_weight.t()).chunk(2, -1)
+            x = torch.addmm(x, F.silu(gate) * up, w.down_weight.t())
+        cache.length = s + 1
+        return self.lm_head(x)

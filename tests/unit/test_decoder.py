@@ -1,0 +1,156 @@
+"""LeanDecoder computes the transformers forward: logits, gradients and incremental decoding.
+
+Each supported family is checked on a random model with its distinguishing parts: Qwen2
+(q/k/v biases, grouped-query attention), Llama (multi-head, with and without attention
+biases incl. the output projection), Qwen3 (per-head q/k RMSNorm, explicit head_dim).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from reasonrl.decoder import LeanDecoder, unsupported_reason
+from reasonrl.rollout.fast import FastGenerator
+from reasonrl.rollout.hf import HFGenerator
+from reasonrl.train.logprobs import compute_logprobs, micro_batches, right_padded
+from reasonrl.types import SamplingParams
+from tests.conftest import synthetic_rollout
+
+COMMON = dict(vocab_size=32, hidden_size=32, num_hidden_layers=2, intermediate_size=48, max_position_embeddings=64,
+              initializer_range=0.2, pad_token_id=0, eos_token_id=1)
+
+
+def build(family: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    if family == "qwen2":
+        config = transformers.Qwen2Config(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, **COMMON)
+        return transformers.Qwen2ForCausalLM(config)
+    if family == "llama":
+        config = transformers.LlamaConfig(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False, **COMMON)
+        return transformers.LlamaForCausalLM(config)
+    if family == "llama-bias":
+        config = transformers.LlamaConfig(num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
+                                          rope_theta=500.0, **COMMON)
+        model = transformers.LlamaForCausalLM(config)
+        with torch.no_grad():  # biases start at 0: make them matter
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.5)
+        return model
+    if family == "qwen3":
+        config = transformers.Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=16, **COMMON)
+        model = transformers.Qwen3ForCausalLM(config)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+        return model
+    raise ValueError(family)
+
+
+FAMILIES = ["qwen2", "llama", "llama-bias", "qwen3"]
+
+
+def hf_response_logits(model, rollout):
+    """[B, T, V] logits predicting each response token, from the transformers forward."""
+    ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
+    mask = torch.cat([rollout.prompt_mask, rollout.response_mask.long()], 1)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+    P, T = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
+    return logits[:, P - 1 : P - 1 + T]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_and_gradients_match_transformers(family):
+    model = build(family).eval()
+    assert unsupported_reason(model) is None
+    rollout = synthetic_rollout(B=6, P=5, T=7)
+    mask = rollout.response_mask.bool()
+    ids, positions, T = right_padded(rollout, torch.arange(6))
+    ours = LeanDecoder(model).logits_at(ids, positions)
+    theirs = hf_response_logits(model, rollout)[:, :T]
+    torch.testing.assert_close(ours[mask[:, :T]], theirs[mask[:, :T]], atol=1e-5, rtol=1e-5)
+
+    weights = torch.randn(theirs.shape, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for logits in (ours, theirs):
+        model.zero_grad()
+        (logits.log_softmax(-1) * weights * mask[:, :T, None]).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name, theirs_grad in grads[1].items():  # fp32 rounding, relative to each gradient's scale
+        scale = float(theirs_grad.abs().max())
+        assert scale > 0, name
+        torch.testing.assert_close(grads[0][name], theirs_grad, atol=1e-5 * scale, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_decoding_matches_transformers_generate(family):
+    model = build(family).eval()
+    prompts = [[3, 9, 14], [7, 2, 30, 4, 5], [22, 8], [11, 12, 13, 17, 19, 23]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    hf = HFGenerator(model, 0, 1).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+    fast = FastGenerator(model, 0, 1).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+    assert torch.equal(fast.response_ids, hf.response_ids)
+    torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-5, rtol=0)
+
+
+def test_right_padded_layout():
+    # Row 0: prompt [5, 6] (left-padded to 3), response [7, 8, 1]; row 1: prompt [4, 4, 4], response [9].
+    from reasonrl.types import RolloutBatch
+
+    rollout = RolloutBatch(
+        prompt_ids=torch.tensor([[0, 5, 6], [4, 4, 4]]),
+        prompt_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]),
+        response_ids=torch.tensor([[7, 8, 1], [9, 0, 0]]),
+        response_mask=torch.tensor([[1.0, 1, 1], [1, 0, 0]]),
+        logprobs=torch.zeros(2, 3),
+        group_ids=torch.tensor([0, 1]),
+        eos=torch.tensor([True, False]),
+        truncated=torch.tensor([False, False]),
+    )
+    ids, positions, T = right_padded(rollout, torch.tensor([0, 1]))
+    assert ids.tolist() == [[5, 6, 7, 8, 1], [4, 4, 4, 9, 0]]
+    assert T == 3
+    # The output at index i predicts token i + 1; padded response slots clamp into the row.
+    assert positions.tolist() == [[1, 2, 3], [2, 3, 4]]
+
+
+def test_micro_batches_by_token_budget():
+    rows = torch.arange(6)
+    lengths = torch.tensor([10, 3, 7, 3, 12, 5])
+    assert [m.tolist() for m in micro_batches(rows, lengths, 4, 0)] == [[0, 1, 2, 3], [4, 5]]
+    # Sorted by length: 1(3) 3(3) 5(5) 2(7) 0(10) 4(12); budget 15: [1, 3, 5] = 3 x 5,
+    # then 2 x 7 = 14, then 0 alone (2 x 12 > 15), then 4 alone.
+    assert [m.tolist() for m in micro_batches(rows, lengths, 4, 15)] == [[1, 3, 5], [2], [0], [4]]
+    # A row longer than the budget still goes, alone.
+    assert [m.tolist() for m in micro_batches(rows[:2], lengths, 4, 4)] == [[1], [0]]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_compute_logprobs_same_for_any_micro_batching(family):
+    model = build(family)
+    rollout = synthetic_rollout(B=8)
+    fixed = compute_logprobs(model, rollout, temperature=0.7, micro_batch_size=3)
+    budget = compute_logprobs(model, rollout, temperature=0.7, micro_batch_size=3, micro_batch_tokens=24)
+    torch.testing.assert_close(budget, fixed, atol=1e-6, rtol=0)
+    logp = hf_response_logits(model, rollout).float().div(0.7).log_softmax(-1)
+    expected = logp.gather(-1, rollout.response_ids[..., None]).squeeze(-1) * rollout.response_mask
+    torch.testing.assert_close(fixed, expected, atol=1e-5, rtol=0)
+
+
+def test_other_models_take_the_transformers_path():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=32, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    assert "model_type = 'gpt2'" in unsupported_reason(model)
+    with pytest.raises(ValueError, match="gpt2"):
+        LeanDecoder(model)
+    rollout = synthetic_rollout(B=4)
+    got = compute_logprobs(model, rollout, temperature=1.0, micro_batch_size=4)
+    logp = hf_response_logits(model, rollout).log_softmax(-1)
+    expected = logp.gather(-1, rollout.response_ids[..., None]).squeeze(-1) * rollout.response_mask
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)

@@ -52,15 +52,16 @@ def minibatch_steps(
     over micro-batches, and ``grad_norm`` averaged over mini-batches.
     """
     sums: dict[str, list[float]] = defaultdict(list)
+    share_keys = {"loss"}
     skips = 0
     B = mask.shape[0]
     for _ in range(train.ppo_epochs):
         for mini in torch.arange(B).split(train.mini_batch_size):
             total = agg_normaliser(mask[mini], agg)
             optimizer.zero_grad(set_to_none=True)
-            shares: dict[str, float] = defaultdict(float)
             run = mini if active is None else mini[active[mini]]
-            if run.numel() == 0:
+            shares: dict[str, float] = {"loss": float("nan") if poison and run.numel() == 0 else 0.0}
+            if run.numel() == 0:  # every loss term of the mini-batch is exactly zero
                 for p in params:
                     p.grad = torch.zeros_like(p)
             for micro in micro_batches(run, lengths, train.micro_batch_size, train.micro_batch_tokens) if run.numel() else []:
@@ -70,11 +71,10 @@ def minibatch_steps(
                 loss.backward()
                 shares["loss"] += loss.item()
                 for k, v in micro_shares.items():
-                    shares[k] += float(v)
+                    shares[k] = shares.get(k, 0.0) + float(v)
                 for k, v in means.items():
                     sums[k].append(float(v))
-            if poison and run.numel() == 0:
-                shares["loss"] = float("nan")
+            share_keys.update(shares)
             for k, v in shares.items():
                 sums[k].append(v)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
@@ -84,6 +84,8 @@ def minibatch_steps(
             else:
                 optimizer.zero_grad(set_to_none=True)
                 skips += 1
+    for k in share_keys:  # a mini-batch that ran no rows has zero shares
+        sums[k] += [0.0] * (len(sums["loss"]) - len(sums[k]))
     out = {k: sum(v) / len(v) for k, v in sums.items()}
     out["nonfinite_skips"] = float(skips)
     return out
@@ -109,10 +111,12 @@ def update_policy(
     With ``train.skip_zero_advantage`` and no KL or entropy term, rows whose advantages are 0
     on every token (a group-relative group with equal rewards) are not run: each of their
     loss terms is ``-0 * ratio``, so their gradient is exactly zero and the update is the
-    same. ``actor/entropy`` and the clip fractions then describe the rows that ran;
+    same. ``actor/entropy`` (averaged over micro-batches) and the clip fractions then
+    describe the rows that ran;
     ``trained_tokens`` and ``trained_rows_frac`` say how many.
     """
     rollout = batch.scored.rollout
+    skipping = train.skip_zero_advantage and algo.kl_loss_coef == 0 and algo.entropy_coef == 0
 
     def micro_loss(rows: torch.Tensor, total: float) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         logprobs, entropy, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=True)
@@ -134,6 +138,9 @@ def update_policy(
             kl = aggregate(kl_penalty(logprobs, batch.ref_logprobs[rows, :T], algo.kl_kind), mask, algo.loss_agg, horizon, total)
             loss = loss + algo.kl_loss_coef * kl
             shares["kl_loss"] = kl.detach()
+        if skipping:  # a metric of the rows that run: per micro-batch
+            metrics["entropy"] = aggregate(entropy.detach(), mask, algo.loss_agg, horizon)
+            return loss, shares, metrics
         ent = aggregate(entropy, mask, algo.loss_agg, horizon, total)
         if algo.entropy_coef > 0:
             loss = loss - algo.entropy_coef * ent
@@ -142,7 +149,7 @@ def update_policy(
 
     model.train()
     active = None
-    if train.skip_zero_advantage and algo.kl_loss_coef == 0 and algo.entropy_coef == 0:
+    if skipping:
         active = ((batch.advantages != 0) & batch.loss_mask.bool()).any(-1)
     lengths = sequence_lengths(rollout)
     out = minibatch_steps(

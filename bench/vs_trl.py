@@ -121,6 +121,8 @@ def reasonrl_overrides(spec: dict) -> list[str]:
         f"train.ppo_epochs={spec['epochs']}",
         f"train.mini_batch_size={mini}",
         f"train.micro_batch_size={mini}",
+        f"train.micro_batch_tokens={spec['micro_batch_tokens']}",
+        f"train.skip_zero_advantage={'true' if spec['skip_zero_advantage'] else 'false'}",
         f"train.lr={spec['lr']}",
         "train.warmup_steps=0",
         "train.weight_decay=0.0",
@@ -184,7 +186,9 @@ def worker_reasonrl(spec: dict) -> None:
 
     checks = {"torch_threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled(),
               "model_dtype": str(next(trainer.policy.parameters()).dtype), "rollout_backend": trainer.cfg.rollout.backend,
-              "mini_batch_size": trainer.cfg.train.mini_batch_size, "micro_batch_size": trainer.cfg.train.micro_batch_size}
+              "mini_batch_size": trainer.cfg.train.mini_batch_size, "micro_batch_size": trainer.cfg.train.micro_batch_size,
+              "micro_batch_tokens": trainer.cfg.train.micro_batch_tokens,
+              "skip_zero_advantage": trainer.cfg.train.skip_zero_advantage}
     ch.send({"ready": True, "setup_s": time.perf_counter() - setup, "eval0": eval0, "checks": checks})
     step = 0
     while True:
@@ -600,7 +604,7 @@ def summarise(results: list[dict], base: dict, other_cpu_s: float, wall_s: float
         "settings": {
             k: base[k]
             for k in ("steps", "max_wall_s", "seeds", "threads", "block", "prompts", "n", "max_new_tokens", "lr", "updates_per_batch", "epochs",
-                      "eval_every", "eval_prompts", "eval_k", "target_gain", "deterministic")
+                      "eval_every", "eval_prompts", "eval_k", "target_gain", "deterministic", "micro_batch_tokens", "skip_zero_advantage")
         }
         | {
             "temperature": 1.0,
@@ -633,6 +637,10 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--updates-per-batch", type=int, default=1, help="optimizer steps per generation batch (both systems)")
     p.add_argument("--epochs", type=int, default=1, help="passes over each batch (reasonrl ppo_epochs = TRL num_iterations)")
+    p.add_argument("--micro-batch-tokens", type=int, default=2048,
+                   help="reasonrl's token budget per forward/backward (length-sorted micro-batches; same gradient); 0: one micro-batch per mini-batch, as TRL")
+    p.add_argument("--skip-zero-advantage", type=int, choices=(0, 1), default=1,
+                   help="reasonrl skips rows whose advantages are all zero (their gradient is exactly zero); 0: run them, as TRL")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--eval-prompts", type=int, default=128)
     p.add_argument("--eval-k", type=int, default=4)
@@ -688,6 +696,7 @@ def main() -> None:
         "eval_every": a.eval_every, "eval_prompts": a.eval_prompts, "eval_k": a.eval_k, "target_gain": a.target_gain,
         "warm_dir": warm_dir, "tmp": tmp, "max_wall_s": a.max_wall_s,
         "deterministic": bool(a.reasonrl_deterministic),
+        "micro_batch_tokens": a.micro_batch_tokens, "skip_zero_advantage": bool(a.skip_zero_advantage),
     }
     if (a.prompts * a.n) % a.updates_per_batch:
         sys.exit("--updates-per-batch must divide prompts x n")

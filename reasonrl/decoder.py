@@ -4,7 +4,8 @@ At the sizes RL on a CPU uses, a ``transformers`` decoder layer spends more time
 mask building and small-tensor dispatch than in arithmetic. This module computes the same
 function with the fewest tensor operations: the q/k/v and gate/up projections fused into
 one matrix product each, RMSNorm as one fused op, attention over a preallocated key/value
-cache during decoding, and plain causal attention (no mask tensor) for scoring. The
+cache during decoding, and for scoring each distinct prompt encoded once for all its
+samples (responses attend to their prompt's keys). The
 parameters are the module's own (``model.parameters()``), so gradients, optimizers and
 checkpoints see no difference; tests compare logits with ``transformers`` to 1e-5.
 
@@ -108,10 +109,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 class LeanDecoder:
     """The forward pass of a supported decoder (see the module docstring) on ``model``'s parameters.
 
-    :meth:`logits_at` scores right-padded sequences (training, reference and old-policy
-    log-probs); :meth:`prefill` and :meth:`decode` run generation over a :class:`KVCache`.
-    Fused weights are rebuilt by :meth:`fuse` on each call of :meth:`logits_at` (cheap, and
-    the gradients flow back to the parameters) and once per batch for generation.
+    :meth:`response_hidden` scores responses (training, reference and old-policy log-probs,
+    critic values), each distinct prompt encoded once; :meth:`prefill` and :meth:`decode`
+    run generation over a :class:`KVCache`. Fused weights are rebuilt by :meth:`fuse` on each
+    call of :meth:`response_hidden` (cheap, and the gradients flow back to the parameters)
+    and once per batch for generation.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -184,36 +186,52 @@ class LeanDecoder:
         return x + F.linear(F.silu(gate) * up, w.down_weight)
 
     # ------------------------------------------------------------------ scoring
-    def hidden_states(self, ids: torch.Tensor) -> torch.Tensor:
-        """Last-layer hidden states ``[b, S, d]`` (before the final norm) of right-padded
-        sequences ``ids [b, S]`` that start at position 0.
+    def response_hidden(
+        self, prefix_ids: torch.Tensor, prefix_len: torch.Tensor, parent: torch.Tensor, response_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Last-layer hidden states ``[b, T, d]`` (before the final norm) whose outputs predict
+        each response token, encoding each distinct prompt once.
 
-        Padding sits after each row's last real token, so causal attention alone keeps every
-        real position from seeing it (padding positions compute finite garbage, never read).
+        ``prefix_ids [U, Pm]``: the distinct prompts, real tokens first (``prefix_len [U]``
+        each); ``parent [b]``: the prompt of each row; ``response_ids [b, T]``: right-padded
+        responses. Every token goes through the projections and the MLP once (prompt tokens
+        and response tokens in one flat batch); attention runs per part: the prompts
+        causally among themselves, each response over its prompt's keys (``j < prefix_len``)
+        and causally over its own. Response token ``j`` is predicted by the output at
+        response position ``j - 1``, the first one by the prompt's last position.
         """
-        b, S = ids.shape
-        x = self.body.embed_tokens(ids)
-        cos, sin = self.rope_table(S, ids.device, x.dtype)
-        cos, sin = cos[:, None], sin[:, None]  # [S, 1, D]
+        U, Pm = prefix_ids.shape
+        b, T = response_ids.shape
+        Hkv, D, device = self.kv_heads, self.head_dim, prefix_ids.device
+        x = self.body.embed_tokens(torch.cat([prefix_ids.flatten(), response_ids.flatten()]))  # [U Pm + b T, d]
+        row_len = prefix_len[parent]
+        positions = torch.cat([torch.arange(Pm, device=device).repeat(U), (row_len[:, None] + torch.arange(T, device=device)).flatten()])
+        cos, sin = self.rope_table(int(positions.max()) + 1, device, x.dtype)
+        cos, sin = cos[positions][:, None], sin[positions][:, None]  # [N, 1, D]
+        keys_ok = torch.cat(
+            [
+                (torch.arange(Pm, device=device) < row_len[:, None])[:, None, :].expand(b, T, Pm),
+                torch.ones(T, T, dtype=torch.bool, device=device).tril().expand(b, T, T),
+            ],
+            -1,
+        )[:, None]  # [b, 1, T, Pm + T]
+        gqa = self.heads != Hkv
+        split = U * Pm
         for w in self.fuse():
-            q, k, v = self._qkv(w, x, cos, sin)  # [b, S, heads, D]
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                is_causal=True, scale=self.scale, enable_gqa=self.heads != self.kv_heads,
+            q, k, v = self._qkv(w, x, cos, sin)  # [N, heads, D]
+            qp, kp, vp = (t[:split].unflatten(0, (U, Pm)).transpose(1, 2) for t in (q, k, v))  # [U, heads, Pm, D]
+            qr, kr, vr = (t[split:].unflatten(0, (b, T)).transpose(1, 2) for t in (q, k, v))  # [b, heads, T, D]
+            attn_p = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=self.scale, enable_gqa=gqa)
+            attn_r = F.scaled_dot_product_attention(
+                qr, torch.cat([kp[parent], kr], 2), torch.cat([vp[parent], vr], 2),
+                attn_mask=keys_ok, scale=self.scale, enable_gqa=gqa,
             )
-            x = x + F.linear(attn.transpose(1, 2).flatten(2), w.o_weight, w.o_bias)
+            attn = torch.cat([attn_p.transpose(1, 2).flatten(0, 1), attn_r.transpose(1, 2).flatten(0, 1)]).flatten(1)
+            x = x + F.linear(attn, w.o_weight, w.o_bias)
             x = self._mlp(w, x)
-        return x
-
-    def hidden_at(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Last-layer hidden states ``[b, T, d]`` (before the final norm) at ``positions [b, T]``
-        (indices into each row) of right-padded ``ids [b, S]``."""
-        hidden = self.hidden_states(ids)
-        return hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
-
-    def logits_at(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits ``[b, T, V]`` at ``positions [b, T]``; the LM head runs on those positions only."""
-        return self.lm_head(self.hidden_at(ids, positions))
+        prompt_out = x[:split].unflatten(0, (U, Pm))[parent, row_len - 1]  # [b, d]
+        response_out = x[split:].unflatten(0, (b, T))[:, : T - 1]
+        return torch.cat([prompt_out[:, None], response_out], 1)
 
     # ------------------------------------------------------------------ generation
     def new_cache(self, batch: int, length: int, device, dtype) -> KVCache:

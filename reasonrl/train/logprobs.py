@@ -5,9 +5,9 @@ token, exactly the inputs the generator saw, so log-probs recomputed here equal 
 sampling log-probs for the same weights.
 
 Two forward paths compute the same function: models that :class:`~reasonrl.decoder.LeanDecoder`
-supports (Llama, Qwen2, Qwen3) are scored on right-padded rows (each row's real tokens
-first, so causal attention needs no mask) and the LM head runs only where a response token
-is predicted; any other causal LM runs through its ``transformers`` forward on the rows
+supports (Llama, Qwen2, Qwen3) encode each distinct prompt of a micro-batch once (the
+``n`` samples of a prompt share it) and run the LM head only where a response token is
+predicted; any other causal LM runs through its ``transformers`` forward on the rows
 trimmed to their own longest prompt and response.
 
 :func:`micro_batches` splits a batch for forward/backward either into fixed-size slices or,
@@ -18,6 +18,7 @@ far less padding when response lengths vary.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from reasonrl.algo import entropy_from_logits, token_logprobs
 from reasonrl.decoder import LeanDecoder, unsupported_reason
@@ -36,34 +37,34 @@ def sequence_inputs(rollout: RolloutBatch, rows: torch.Tensor) -> tuple[dict[str
     return {"input_ids": ids, "attention_mask": attention, "position_ids": positions}, P, T
 
 
-def right_padded(rollout: RolloutBatch, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(ids [b, S], positions [b, T'], T')`` for the lean path: each row's real prompt and
-    response tokens moved to the front (order kept), ``S`` the longest such row, and
-    ``positions[i, j]`` the index whose output predicts response token ``j`` of row ``i``
-    (``prompt_len_i - 1 + j``, clamped into the row for padding)."""
-    prompt_mask = rollout.prompt_mask[rows].bool()
-    response_mask = rollout.response_mask[rows].bool()
-    ids = torch.cat([rollout.prompt_ids[rows], rollout.response_ids[rows]], 1)
-    real = torch.cat([prompt_mask, response_mask], 1)
+def shared_prefix_inputs(rollout: RolloutBatch, rows: torch.Tensor):
+    """``(prefix_ids [U, Pm], prefix_len [U], parent [b], response_ids [b, T'], T')`` for
+    :meth:`~reasonrl.decoder.LeanDecoder.response_hidden`: the distinct prompts among ``rows``
+    (real tokens first), the prompt of each row, the responses trimmed to the longest."""
+    P = rollout.prompt_ids.shape[1]
+    key = torch.cat([rollout.prompt_ids[rows], rollout.prompt_mask[rows].long()], 1)
+    distinct, parent = torch.unique(key, dim=0, return_inverse=True)
+    ids, real = distinct[:, :P], distinct[:, P:].bool()
     order = torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices
-    S = int(real.sum(-1).max())
-    T = max(int(response_mask.sum(-1).max()), 1)
-    prompt_len = prompt_mask.sum(-1, keepdim=True)
-    positions = (prompt_len - 1 + torch.arange(T, device=ids.device)).clamp(max=S - 1)
-    return ids.gather(1, order[:, :S]), positions, T
+    prefix_len = real.sum(-1)
+    prefix_ids = ids.gather(1, order)[:, : int(prefix_len.max())]
+    T = max(int(rollout.response_mask[rows].sum(-1).max()), 1)
+    return prefix_ids, prefix_len, parent, rollout.response_ids[rows][:, :T], T
 
 
 def response_hidden(decoder: LeanDecoder, rollout: RolloutBatch, rows: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``(final-norm hidden states [b, T', d] at the positions that predict each response token, T')``."""
-    ids, positions, T = right_padded(rollout, rows)
-    return decoder.final_norm(decoder.hidden_at(ids, positions)), T
+    prefix_ids, prefix_len, parent, response_ids, T = shared_prefix_inputs(rollout, rows)
+    return decoder.final_norm(decoder.response_hidden(prefix_ids, prefix_len, parent, response_ids)), T
 
 
 def response_logits(model: torch.nn.Module, rollout: RolloutBatch, rows: torch.Tensor, temperature: float) -> tuple[torch.Tensor, int]:
     """``(logits / temperature at the positions that predict each response token [b, T', V], T')``."""
     if unsupported_reason(model) is None:
-        ids, positions, T = right_padded(rollout, rows)
-        return LeanDecoder(model).logits_at(ids, positions).float() / temperature, T
+        decoder = LeanDecoder(model)
+        hidden, T = response_hidden(decoder, rollout, rows)
+        head = model.lm_head
+        return F.linear(hidden, head.weight, head.bias).float() / temperature, T
     inputs, P, T = sequence_inputs(rollout, rows)
     logits = model(**inputs, use_cache=False).logits
     return logits[:, P - 1 : P - 1 + T].float() / temperature, T

@@ -14,7 +14,7 @@ import transformers
 from reasonrl.decoder import LeanDecoder, unsupported_reason
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
-from reasonrl.train.logprobs import compute_logprobs, micro_batches, right_padded
+from reasonrl.train.logprobs import compute_logprobs, micro_batches, response_hidden, shared_prefix_inputs
 from reasonrl.types import SamplingParams
 from tests.conftest import synthetic_rollout
 
@@ -53,6 +53,15 @@ def build(family: str, seed: int = 0) -> torch.nn.Module:
 FAMILIES = ["qwen2", "llama", "llama-bias", "qwen3"]
 
 
+def grouped_rollout():
+    """synthetic_rollout(B=8) whose rows 0-2 share row 0's prompt and rows 4-7 row 4's."""
+    rollout = synthetic_rollout(B=8)
+    for src, dst in ((0, [1, 2]), (4, [5, 6, 7])):
+        rollout.prompt_ids[dst] = rollout.prompt_ids[src].clone()
+        rollout.prompt_mask[dst] = rollout.prompt_mask[src].clone()
+    return rollout
+
+
 def hf_response_logits(model, rollout):
     """[B, T, V] logits predicting each response token, from the transformers forward."""
     ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
@@ -67,10 +76,10 @@ def hf_response_logits(model, rollout):
 def test_logits_and_gradients_match_transformers(family):
     model = build(family).eval()
     assert unsupported_reason(model) is None
-    rollout = synthetic_rollout(B=6, P=5, T=7)
+    rollout = grouped_rollout()
     mask = rollout.response_mask.bool()
-    ids, positions, T = right_padded(rollout, torch.arange(6))
-    ours = LeanDecoder(model).logits_at(ids, positions)
+    hidden, T = response_hidden(LeanDecoder(model), rollout, torch.arange(8))
+    ours = torch.nn.functional.linear(hidden, model.lm_head.weight, model.lm_head.bias)
     theirs = hf_response_logits(model, rollout)[:, :T]
     torch.testing.assert_close(ours[mask[:, :T]], theirs[mask[:, :T]], atol=1e-5, rtol=1e-5)
 
@@ -98,25 +107,27 @@ def test_greedy_decoding_matches_transformers_generate(family):
     torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-5, rtol=0)
 
 
-def test_right_padded_layout():
-    # Row 0: prompt [5, 6] (left-padded to 3), response [7, 8, 1]; row 1: prompt [4, 4, 4], response [9].
+def test_shared_prefix_inputs():
+    # Rows 0 and 2 share prompt [5, 6] (left-padded to 3); row 1 has [4, 4, 4].
     from reasonrl.types import RolloutBatch
 
     rollout = RolloutBatch(
-        prompt_ids=torch.tensor([[0, 5, 6], [4, 4, 4]]),
-        prompt_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]),
-        response_ids=torch.tensor([[7, 8, 1], [9, 0, 0]]),
-        response_mask=torch.tensor([[1.0, 1, 1], [1, 0, 0]]),
-        logprobs=torch.zeros(2, 3),
-        group_ids=torch.tensor([0, 1]),
-        eos=torch.tensor([True, False]),
-        truncated=torch.tensor([False, False]),
+        prompt_ids=torch.tensor([[0, 5, 6], [4, 4, 4], [0, 5, 6]]),
+        prompt_mask=torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1]]),
+        response_ids=torch.tensor([[7, 8, 1], [9, 0, 0], [1, 0, 0]]),
+        response_mask=torch.tensor([[1.0, 1, 1], [1, 0, 0], [1, 0, 0]]),
+        logprobs=torch.zeros(3, 3),
+        eos=torch.tensor([True, False, True]),
+        truncated=torch.tensor([False, False, False]),
+        group_ids=torch.tensor([0, 1, 0]),
     )
-    ids, positions, T = right_padded(rollout, torch.tensor([0, 1]))
-    assert ids.tolist() == [[5, 6, 7, 8, 1], [4, 4, 4, 9, 0]]
-    assert T == 3
-    # The output at index i predicts token i + 1; padded response slots clamp into the row.
-    assert positions.tolist() == [[1, 2, 3], [2, 3, 4]]
+    prefix_ids, prefix_len, parent, response_ids, T = shared_prefix_inputs(rollout, torch.tensor([0, 1, 2]))
+    distinct = {tuple(prefix_ids[u, : prefix_len[u]].tolist()) for u in range(len(prefix_len))}
+    assert distinct == {(5, 6), (4, 4, 4)} and prefix_ids.shape == (2, 3)
+    assert parent[0] == parent[2] != parent[1]
+    assert prefix_ids[parent[0], :2].tolist() == [5, 6]  # real tokens first
+    assert T == 3 and response_ids.tolist() == [[7, 8, 1], [9, 0, 0], [1, 0, 0]]
+    assert shared_prefix_inputs(rollout, torch.tensor([1]))[3].tolist() == [[9]]  # trimmed to the longest
 
 
 def test_micro_batches_by_token_budget():
@@ -133,7 +144,7 @@ def test_micro_batches_by_token_budget():
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_compute_logprobs_same_for_any_micro_batching(family):
     model = build(family)
-    rollout = synthetic_rollout(B=8)
+    rollout = grouped_rollout()
     fixed = compute_logprobs(model, rollout, temperature=0.7, micro_batch_size=3)
     budget = compute_logprobs(model, rollout, temperature=0.7, micro_batch_size=3, micro_batch_tokens=24)
     torch.testing.assert_close(budget, fixed, atol=1e-6, rtol=0)

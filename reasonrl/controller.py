@@ -59,7 +59,9 @@ class ResumeError(RuntimeError):
 
 
 def setup_torch(threads: int, deterministic: bool) -> None:
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 2)))
+    """Torch threads: ``threads``, else the cores this process may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(threads or max(1, cores or 2))
     torch.use_deterministic_algorithms(deterministic)
 
 

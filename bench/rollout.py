@@ -42,24 +42,36 @@ PAD, EOS, VOCAB = 0, 1, 100
 EOS_BIAS = 2.2  # about 1 in 12 steps ends a sample: lengths spread over 1..24
 
 
-def build_model(seed: int) -> torch.nn.Module:
+SIZES = {  # hidden, layers, heads, kv heads, intermediate
+    "tiny": (128, 4, 4, 2, 384),
+    "0.5b": (896, 24, 14, 2, 4864),  # Qwen2.5-0.5B's shape (vocab kept small)
+}
+
+
+def build_model(seed: int, size: str = "tiny", device: str = "cpu") -> torch.nn.Module:
     """The benchmark's random Qwen2, with ``EOS_BIAS`` added to the EOS logit."""
     torch.manual_seed(seed)
+    hidden, layers, heads, kv_heads, intermediate = SIZES[size]
     config = transformers.Qwen2Config(
         vocab_size=VOCAB,
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=384,
-        max_position_embeddings=256,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=2048,
         tie_word_embeddings=False,
     )
     model = transformers.Qwen2ForCausalLM(config).eval()
     bias = torch.zeros(VOCAB)
     bias[EOS] = EOS_BIAS
     model.lm_head.bias = torch.nn.Parameter(bias)
-    return model
+    return model.to(device)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def build_prompts(count: int, seed: int) -> list[list[int]]:
@@ -70,15 +82,21 @@ def build_prompts(count: int, seed: int) -> list[list[int]]:
 
 
 def timed_generate(generator, prompts, n, params, seed) -> tuple[float, RolloutBatch]:
+    device = str(next(generator.model.parameters()).device)
+    sync(device)
     start = time.perf_counter()
     batch = generator.generate(prompts, n, params, torch.Generator().manual_seed(seed))
+    sync(device)
     return time.perf_counter() - start, batch
 
 
 def timed_bound(model, batch: RolloutBatch) -> float:
     """Seconds of the fastest forward pass over the batch's prompt + response tokens."""
+    device = str(batch.prompt_ids.device)
+    sync(device)
     start = time.perf_counter()
     compute_logprobs(model, batch, temperature=1.0, micro_batch_size=batch.size, micro_batch_tokens=2048)
+    sync(device)
     return time.perf_counter() - start
 
 
@@ -87,9 +105,11 @@ def timed_hf_forward(model, batch: RolloutBatch) -> float:
     ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
     mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], 1)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    sync(str(ids.device))
     start = time.perf_counter()
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask, position_ids=position_ids)
+    sync(str(ids.device))
     return time.perf_counter() - start
 
 
@@ -100,10 +120,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    model = build_model(0)
+    model = build_model(0, args.size, args.device)
     prompts = build_prompts(args.prompts, 0)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     hf, fast = HFGenerator(model, PAD, EOS), FastGenerator(model, PAD, EOS)
@@ -132,6 +154,7 @@ def main() -> None:
         json.dumps(
             {
                 "bench": "rollout",
+                "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
                 "params": sum(p.numel() for p in model.parameters()),
                 "threads": args.threads,
                 "batch": args.prompts * args.samples,

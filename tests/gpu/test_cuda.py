@@ -1,0 +1,68 @@
+"""The same code on a CUDA device: lean decoder vs transformers, fast vs HF rollouts, a
+training run (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reasonrl.config import load
+from reasonrl.controller import Trainer
+from reasonrl.decoder import LeanDecoder
+from reasonrl.rollout.fast import FastGenerator
+from reasonrl.rollout.hf import HFGenerator
+from reasonrl.train.logprobs import compute_logprobs, response_hidden
+from reasonrl.types import SamplingParams
+from tests.conftest import tiny_run
+from tests.unit.test_decoder import FAMILIES, build, grouped_rollout, hf_response_logits
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def on_cuda(rollout):
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs", "eos", "truncated", "group_ids"):
+        setattr(rollout, name, getattr(rollout, name).cuda())
+    return rollout
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lean_decoder_matches_transformers_on_cuda(family):
+    model = build(family).cuda().eval()
+    rollout = on_cuda(grouped_rollout())
+    mask = rollout.response_mask.bool()
+    hidden, T = response_hidden(LeanDecoder(model), rollout, torch.arange(8, device="cuda"))
+    ours = torch.nn.functional.linear(hidden, model.lm_head.weight, model.lm_head.bias)
+    theirs = hf_response_logits(model, rollout)[:, :T]
+    torch.testing.assert_close(ours[mask[:, :T]], theirs[mask[:, :T]], atol=1e-4, rtol=1e-4)
+    logprobs = compute_logprobs(model, rollout, temperature=1.0, micro_batch_size=3, micro_batch_tokens=24)
+    expected = theirs.float().log_softmax(-1).gather(-1, rollout.response_ids[:, :T, None]).squeeze(-1)
+    torch.testing.assert_close(logprobs[:, :T][mask[:, :T]], expected[mask[:, :T]], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fast_rollouts_match_hf_on_cuda(family):
+    model = build(family).cuda().eval()
+    prompts = [[3, 9, 14], [7, 2, 30, 4, 5], [22, 8], [11, 12, 13, 17, 19, 23]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    hf = HFGenerator(model, 0, 1).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+    fast = FastGenerator(model, 0, 1).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+    assert fast.response_ids.is_cuda
+    assert torch.equal(fast.response_ids, hf.response_ids)
+    torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-4, rtol=0)
+    # Sampling on the GPU with a CPU generator: reproducible.
+    sampled = [
+        FastGenerator(model, 0, 1).generate(prompts, 4, SamplingParams(max_new_tokens=10), torch.Generator().manual_seed(3))
+        for _ in range(2)
+    ]
+    assert torch.equal(sampled[0].response_ids, sampled[1].response_ids)
+
+
+def test_training_runs_on_cuda(model_dir, tmp_path):
+    trainer = Trainer(load(None, [*tiny_run(model_dir, tmp_path, steps=3), "run.device=cuda"]))
+    assert next(trainer.policy.parameters()).is_cuda
+    trainer.run()
+    rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line]
+    assert len(rows) >= 3

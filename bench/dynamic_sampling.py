@@ -21,8 +21,13 @@ the dapo recipe's sampling (temperature 1, 48 new tokens).
 For each seed, every variant starts from the same prompt order and sampling seed and
 collects ``--steps`` batches in a row. Samples per kept group count every sample started,
 aborted ones included; tokens per kept group count every generated token. Figures are
-medians over the ``seeds x steps`` collects; ``*_ratio`` is stream / whole (target:
-samples ratio <= 0.75). ``kept_len`` is the mean response length in the kept batches: a
+means over the ``seeds x steps`` collects (each keeps exactly ``--want`` groups, so a mean
+is total cost / total kept groups; a median would hide the refills: a whole-batch collect
+costs one batch or two); ``whole_refill_frac`` is the share of whole-batch collects that
+needed more than one batch. ``*_ratio`` is stream / whole (target: samples ratio <= 0.75).
+The DAPO recipes generate ``3 x`` the train batch per generation batch
+(``gen_prompt_bsz = train_prompt_bsz * 3``): ``--gen-factor 3``; the dapo recipe here asks
+for 1.5 (``--gen-factor 1.5``, the default), a tighter baseline. ``kept_len`` is the mean response length in the kept batches: a
 lower value for ``stream`` is the early stop's lean toward groups that finish first.
 
     python bench/dynamic_sampling.py [--model synthetic|warm] [--seeds 5] [--steps 2] [--threads 1]
@@ -167,7 +172,7 @@ def main() -> None:
                 for key, value in record.items():
                     rows[name].setdefault(key, []).append(value)
 
-    med = {name: {k: statistics.median(v) for k, v in r.items()} for name, r in rows.items()}
+    med = {name: {k: statistics.fmean(v) for k, v in r.items()} for name, r in rows.items()}
     out = {
         "bench": "dynamic_sampling",
         "model": args.model,
@@ -180,7 +185,9 @@ def main() -> None:
         "seeds": args.seeds,
         "steps": args.steps,
         "threads": args.threads,
-        "mixed_rate": round(statistics.median(rows["whole"]["mixed_rate"]), 3),
+        "mixed_rate": round(statistics.fmean(rows["whole"]["mixed_rate"]), 3),
+        "whole_refill_frac": round(statistics.fmean(float(b > 1) for b in rows["whole"]["gen_batches"]), 3),
+        "summary": "means over seeds x steps",
     }
     if args.model == "synthetic":
         out["k"] = args.k

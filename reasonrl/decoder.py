@@ -299,7 +299,7 @@ class LeanDecoder:
             keys[:, :, s] = k
             values[:, :, s] = v
             scores = torch.matmul(q.view(B, Hkv, G, D), keys[:, :, : s + 1].transpose(-1, -2))
-            probs = torch.softmax(torch.add(bias, scores, alpha=self.scale), -1)
+            probs = torch.softmax(torch.add(bias, scores, alpha=self.scale), -1, dtype=torch.float32).to(scores.dtype)
             attn = torch.matmul(probs, values[:, :, : s + 1])  # [B, Hkv, G, D]
             x = torch.addmm(x if w.o_bias is None else x + w.o_bias, attn.reshape(B, Hkv * G * D), w.o_weight.t())
             gate, up = torch.mm(rms_norm(x, w.ln2, self.eps), w.gate_up_weight.t()).chunk(2, -1)

@@ -165,3 +165,21 @@ def test_other_models_take_the_transformers_path():
     logp = hf_response_logits(model, rollout).log_softmax(-1)
     expected = logp.gather(-1, rollout.response_ids[..., None]).squeeze(-1) * rollout.response_mask
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_bfloat16_models_stay_close_to_transformers():
+    # Norms and softmax run in fp32 as transformers does; the products in bf16.
+    model = build("qwen2").to(torch.bfloat16).eval()
+    rollout = grouped_rollout()
+    mask = rollout.response_mask.bool()
+    hidden, T = response_hidden(LeanDecoder(model), rollout, torch.arange(8))
+    ours = torch.nn.functional.linear(hidden, model.lm_head.weight, model.lm_head.bias).float()
+    theirs = hf_response_logits(model, rollout)[:, :T].float()
+    assert (ours - theirs)[mask[:, :T]].abs().max() < 0.1 * theirs.abs().max()
+    prompts = [[3, 9, 14], [7, 2, 30, 4, 5]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    fast = FastGenerator(model, 0, 1).generate(prompts, 1, params, torch.Generator().manual_seed(0))
+    hf = HFGenerator(model, 0, 1).generate(prompts, 1, params, torch.Generator().manual_seed(0))
+    assert fast.logprobs.dtype == torch.float32
+    # bf16 rounding may flip a near tie late in a sequence: the first tokens agree.
+    assert torch.equal(fast.response_ids[:, :2], hf.response_ids[:, :2])

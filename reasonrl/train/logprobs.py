@@ -86,6 +86,8 @@ def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int, max_toke
     ``lengths`` (prompt + response tokens), cut greedily so that each slice's padded size,
     ``rows x its longest row``, stays within ``max_tokens`` (a longer row goes alone).
     """
+    if rows.numel() == 0:
+        return []
     if max_tokens <= 0:
         return list(rows.split(size))
     order = torch.sort(lengths[rows], stable=True)

@@ -42,11 +42,11 @@ def minibatch_steps(
     Per mini-batch: zero grads, accumulate the gradients of its micro-batches
     (:func:`~reasonrl.train.logprobs.micro_batches` of ``train.micro_batch_size`` rows, or
     length-sorted within ``train.micro_batch_tokens``; ``lengths`` are the rows' prompt +
-    response tokens), clip the global grad norm
-    to ``train.grad_clip``, step. With ``active`` (a [B] bool), only active rows run forward
-    and backward; the others must have an exactly zero gradient (the loss normaliser still
-    counts them), and a mini-batch without active rows steps on zero gradients, as the full
-    computation would. A non-finite loss or grad norm skips the optimizer step
+    response tokens), clip the global grad norm to ``train.grad_clip``, step. With
+    ``active`` (a [B] bool), only active rows run forward and backward; the others must have
+    an exactly zero gradient (the loss normaliser still counts them), and a mini-batch
+    without active rows steps on zero gradients, as the full computation would. A
+    non-finite loss or grad norm skips the optimizer step
     (counted in ``nonfinite_skips``). ``poison`` turns the loss into NaN (fault drills).
     Returns shares summed per mini-batch then averaged over mini-batches, means averaged
     over micro-batches, and ``grad_norm`` averaged over mini-batches.
@@ -64,7 +64,7 @@ def minibatch_steps(
             if run.numel() == 0:  # every loss term of the mini-batch is exactly zero
                 for p in params:
                     p.grad = torch.zeros_like(p)
-            for micro in micro_batches(run, lengths, train.micro_batch_size, train.micro_batch_tokens) if run.numel() else []:
+            for micro in micro_batches(run, lengths, train.micro_batch_size, train.micro_batch_tokens):
                 loss, micro_shares, means = micro_loss(micro, total)
                 if poison:
                     loss = loss * float("nan")
@@ -112,8 +112,7 @@ def update_policy(
     on every token (a group-relative group with equal rewards) are not run: each of their
     loss terms is ``-0 * ratio``, so their gradient is exactly zero and the update is the
     same. ``actor/entropy`` (averaged over micro-batches) and the clip fractions then
-    describe the rows that ran;
-    ``trained_tokens`` and ``trained_rows_frac`` say how many.
+    describe the rows that ran; ``trained_tokens`` and ``trained_rows_frac`` say how many.
     """
     rollout = batch.scored.rollout
     skipping = train.skip_zero_advantage and algo.kl_loss_coef == 0 and algo.entropy_coef == 0

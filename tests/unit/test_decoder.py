@@ -139,6 +139,7 @@ def test_micro_batches_by_token_budget():
     assert [m.tolist() for m in micro_batches(rows, lengths, 4, 15)] == [[1, 3, 5], [2], [0], [4]]
     # A row longer than the budget still goes, alone.
     assert [m.tolist() for m in micro_batches(rows[:2], lengths, 4, 4)] == [[1], [0]]
+    assert micro_batches(rows[:0], lengths, 4, 0) == [] and micro_batches(rows[:0], lengths, 4, 15) == []
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])

@@ -151,6 +151,9 @@ def _write_plots(runs: list[Run], out_dir: Path) -> list[str]:
         written.append("timing.png")
     if _line_plot(runs, out_dir / "ettr.png", "effective training time ratio", "ETTR", [("ettr", {})]):
         written.append("ettr.png")
+    recovery = [("time_lost_s", {}), ("mttr_s", {"linestyle": "--"})]
+    if _line_plot(runs, out_dir / "recovery.png", "time lost to faults (dashed: mean time to recover)", "seconds", recovery):
+        written.append("recovery.png")
     return written
 
 
@@ -182,6 +185,9 @@ def summary(run: Run) -> dict[str, str]:
         "val/acc_greedy first": _fmt(greedy[0] if greedy else None),
         "val/acc_greedy last": _fmt(greedy[-1] if greedy else None),
         "final critic/score/mean": _fmt(score[-1] if score else None),
+        "ETTR": _fmt(run.rows[-1].get("ettr")),
+        "time lost (s)": _fmt(run.rows[-1].get("time_lost_s")),
+        "MTTR (s)": _fmt(run.rows[-1].get("mttr_s")),
         "wall time (h:mm:ss)": _fmt_duration(run.rows[-1].get("time")),
     }
 

@@ -41,7 +41,7 @@ def test_report_for_two_runs(tmp_path):
     pngs = ["reward.png", "accuracy.png", "response_length.png", "entropy.png", "clipfrac.png", "timing.png"]
     for name in pngs:
         assert (out / name).read_bytes().startswith(PNG), name
-    assert not (out / "ettr.png").exists()  # no ettr key: no plot
+    assert not (out / "ettr.png").exists() and not (out / "recovery.png").exists()  # no such keys: no plots
     page = html_path.read_text()
     assert "dapo (grpo)" in page and "ppo (gae)" in page
     # val/acc first 0.250, last/best 0.500; greedy first 0.400, last 0.800; score 0.400 / 0.800; 2 min
@@ -54,13 +54,21 @@ def test_report_for_two_runs(tmp_path):
 def test_report_for_one_run_defaults_to_run_dir(tmp_path):
     run = tmp_path / "solo"
     run.mkdir()
-    (run / "metrics.jsonl").write_text('{"step": 1, "critic/score/mean": 0.5, "ettr": 0.9}\n')
+    rows = [
+        {"step": 1, "critic/score/mean": 0.5, "ettr": 0.9, "time_lost_s": 1.0, "mttr_s": 0.0},
+        {"step": 2, "critic/score/mean": 0.6, "ettr": 0.875, "time_lost_s": 6.25, "mttr_s": 5.125},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     html_path = write_report([run])
     assert html_path == run / "report.html"
     assert (run / "reward.png").read_bytes().startswith(PNG)
     assert (run / "ettr.png").read_bytes().startswith(PNG)
+    assert (run / "recovery.png").read_bytes().startswith(PNG)
     assert not (run / "accuracy.png").exists() and not (run / "timing.png").exists()
-    assert "solo" in html_path.read_text()
+    page = html_path.read_text()
+    assert "solo" in page and 'src="recovery.png"' in page
+    for number in ["0.875", "6.250", "5.125"]:  # last ETTR, time lost, MTTR in the summary table
+        assert number in page
 
 
 def test_missing_run_dir_or_metrics(tmp_path):

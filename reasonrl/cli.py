@@ -126,7 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None)
     p.set_defaults(fn=cmd_report)
-    args = parser.parse_args(argv)
+    # Positionals may follow flags (`train grpo --no-supervisor a=b`): argparse leaves the
+    # later ones over, which belong to the command's positional list.
+    args, rest = parser.parse_known_args(argv)
+    positional = "overrides" if hasattr(args, "overrides") else "run_dirs" if hasattr(args, "run_dirs") else None
+    if rest and (positional is None or any(r.startswith("-") for r in rest)):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:
+        setattr(args, positional, [*getattr(args, positional), *rest])
     if args.command == "sft" and args.recipe and "=" in args.recipe:
         args.overrides, args.recipe = [args.recipe, *args.overrides], None
     try:

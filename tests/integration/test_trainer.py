@@ -98,6 +98,11 @@ def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path):
     rows.write_text('{"prompt": "1+1=?", "ground_truth": "2"}\n{"prompt": "2+2=?"}\n')
     malformed = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path}", f"data.source={rows}")
     assert malformed.returncode == 2 and "rows.jsonl" in malformed.stderr and "line 2" in malformed.stderr and "ground_truth" in malformed.stderr
+    # Overrides may come after a flag; they are all read (here the bad one after it).
+    after = _cli("train", "dapo", f"model.path={model_dir}", "--no-supervisor", "algo.eps_hgih=0.3")
+    assert after.returncode == 2 and "did you mean algo.eps_high" in after.stderr
+    unknown = _cli("train", "dapo", "--no-supervisor", "--fast")
+    assert unknown.returncode == 2 and "unrecognized arguments: --fast" in unknown.stderr
 
 
 def test_sampling_logprobs_equal_recomputed_ones_so_reuse_is_exact(model_dir, tmp_path):

@@ -68,6 +68,12 @@ class FusedLayer:
     ln2: torch.Tensor
     qk_norm: torch.Tensor | None  # [H + Hkv, D]: Qwen3's per-head q and k norm weights
 
+    def __post_init__(self) -> None:
+        # [in, out] views for the decode step's addmm/mm (transposed once per batch, not per step)
+        self.o_weight_t = self.o_weight.t()
+        self.gate_up_weight_t = self.gate_up_weight.t()
+        self.down_weight_t = self.down_weight.t()
+
 
 class KVCache:
     """Per-layer key/value buffers ``[B, Hkv, L, D]``, allocated once per batch; slot ``s``
@@ -102,8 +108,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding: ``x * cos + rotate_half(x) * sin``, ``rotate_half([a, b]) = [-b, a]``."""
-    a, b = x.chunk(2, -1)
-    return torch.addcmul(x * cos, torch.cat((-b, a), -1), sin)
+    half = x.shape[-1] // 2
+    return torch.addcmul(x * cos, torch.cat((-x[..., half:], x[..., :half]), -1), sin)
 
 
 class LeanDecoder:
@@ -173,17 +179,18 @@ class LeanDecoder:
         """``(q [..., H, D], k [..., Hkv, D], v [..., Hkv, D])`` of hidden states ``x [..., d]``,
         with ``cos``/``sin`` broadcastable to ``[..., 1, D]``."""
         H, Hkv, D = self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(rms_norm(x, w.ln1, self.eps), w.qkv_weight, w.qkv_bias)
-        qk, v = qkv.unflatten(-1, (H + 2 * Hkv, D)).split([H + Hkv, Hkv], -2)
+        qkv = F.linear(rms_norm(x, w.ln1, self.eps), w.qkv_weight, w.qkv_bias).unflatten(-1, (H + 2 * Hkv, D))
+        qk, v = qkv[..., : H + Hkv, :], qkv[..., H + Hkv :, :]  # (slicing: cheaper than split)
         if w.qk_norm is not None:
             qk = rms_norm(qk, None, self.eps) * w.qk_norm
-        q, k = rope(qk, cos, sin).split([H, Hkv], -2)  # one rotation for the query and key heads
-        return q, k, v
+        qk = rope(qk, cos, sin)  # one rotation for the query and key heads
+        return qk[..., :H, :], qk[..., H:, :], v
 
     def _mlp(self, w: FusedLayer, x: torch.Tensor) -> torch.Tensor:
         """``x + Wd (silu(n2(x) Wg^T) * n2(x) Wu^T)``."""
-        gate, up = F.linear(rms_norm(x, w.ln2, self.eps), w.gate_up_weight).chunk(2, -1)
-        return x + F.linear(F.silu(gate) * up, w.down_weight)
+        gate_up = F.linear(rms_norm(x, w.ln2, self.eps), w.gate_up_weight)
+        inner = w.down_weight.shape[1]
+        return x + F.linear(F.silu(gate_up[..., :inner]) * gate_up[..., inner:], w.down_weight)
 
     # ------------------------------------------------------------------ scoring
     def response_hidden(
@@ -288,6 +295,7 @@ class LeanDecoder:
         B = tokens.shape[0]
         Hkv, D = self.kv_heads, self.head_dim
         G = self.heads // Hkv
+        inner = layers[0].down_weight.shape[1]
         s = cache.length
         cos, sin = table
         cos, sin = cos[positions][:, None], sin[positions][:, None]  # [B, 1, D]
@@ -299,10 +307,12 @@ class LeanDecoder:
             keys[:, :, s] = k
             values[:, :, s] = v
             scores = torch.matmul(q.view(B, Hkv, G, D), keys[:, :, : s + 1].transpose(-1, -2))
-            probs = torch.softmax(torch.add(bias, scores, alpha=self.scale), -1, dtype=torch.float32).to(scores.dtype)
+            probs = torch.softmax(torch.add(bias, scores, alpha=self.scale), -1, dtype=torch.float32)
+            if probs.dtype != scores.dtype:
+                probs = probs.to(scores.dtype)
             attn = torch.matmul(probs, values[:, :, : s + 1])  # [B, Hkv, G, D]
-            x = torch.addmm(x if w.o_bias is None else x + w.o_bias, attn.reshape(B, Hkv * G * D), w.o_weight.t())
-            gate, up = torch.mm(rms_norm(x, w.ln2, self.eps), w.gate_up_weight.t()).chunk(2, -1)
-            x = torch.addmm(x, F.silu(gate) * up, w.down_weight.t())
+            x = torch.addmm(x if w.o_bias is None else x + w.o_bias, attn.view(B, Hkv * G * D), w.o_weight_t)
+            gate_up = torch.mm(rms_norm(x, w.ln2, self.eps), w.gate_up_weight_t)
+            x = torch.addmm(x, F.silu(gate_up[:, :inner]) * gate_up[:, inner:], w.down_weight_t)
         cache.length = s + 1
         return self.lm_head(x)

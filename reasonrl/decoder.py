@@ -11,11 +11,13 @@ checkpoints see no difference; tests compare logits with ``transformers`` to 1e-
 
 Per layer, with ``n(.)`` the RMSNorm and ``rope`` the rotary embedding::
 
-    q, k, v = split(n1(x) @ [Wq; Wk; Wv]^T + [bq; bk; bv])       (bias: Qwen2)
+    q, k, v = split(n1(x) @ [Wq; Wk; Wv]^T + [bq; bk; bv])       (biases: Qwen2, Llama's attention_bias)
     q, k    = rope(qn(q)), rope(kn(k))                              (qn, kn: Qwen3 only)
-    x       = x + Wo softmax(q k^T / sqrt(d) + causal) v             (grouped-query)
+    x       = x + Wo softmax(q k^T / sqrt(d) + causal) v (+ bo)      (grouped-query)
     x       = x + Wd (silu(n2(x) Wg^T) * (n2(x) Wu^T))
     logits  = n(x) Wlm^T (+ blm)
+
+Norms and the attention softmax run in fp32 whatever the model's dtype, as in ``transformers``.
 
 Supported: ``llama``, ``qwen2`` and ``qwen3`` configurations with full attention, SiLU
 MLPs and no dropout (:func:`unsupported_reason` says why another is not); anything else

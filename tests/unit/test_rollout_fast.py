@@ -1,4 +1,5 @@
-"""FastGenerator: same contract as HFGenerator, same greedy tokens, same sampling distribution."""
+"""FastGenerator: same contract as HFGenerator, same greedy tokens, same sampling distribution
+(and the contract checks both backends share: seeding, the global RNG, the module's mode)."""
 
 from __future__ import annotations
 
@@ -164,9 +165,10 @@ def test_truncation_respected(params):
         assert (mass_above[valid] < params.top_p + 1e-5).all()
 
 
-def test_seeded_and_leaves_global_rng_alone():
+@pytest.mark.parametrize("backend", [HFGenerator, FastGenerator])
+def test_seeded_and_leaves_global_rng_alone(backend):
     model = tiny_qwen2(eos_bias=1.0)
-    gen = FastGenerator(model, PAD, EOS)
+    gen = backend(model, PAD, EOS)
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
     torch.manual_seed(123)
     a = gen.generate(PROMPTS, 2, params, torch.Generator().manual_seed(7))
@@ -179,11 +181,12 @@ def test_seeded_and_leaves_global_rng_alone():
     assert a.response_ids.shape != c.response_ids.shape or not torch.equal(a.response_ids, c.response_ids)
 
 
+@pytest.mark.parametrize("backend", [HFGenerator, FastGenerator])
 @pytest.mark.parametrize("training", [True, False])
-def test_mode_restored(training):
+def test_mode_restored(backend, training):
     model = tiny_qwen2()
     model.train(training)
-    FastGenerator(model, PAD, EOS).generate(
+    backend(model, PAD, EOS).generate(
         PROMPTS[:1], 1, SamplingParams(max_new_tokens=2), torch.Generator().manual_seed(0)
     )
     assert model.training is training

@@ -30,13 +30,12 @@ import json
 import math
 import os
 import signal
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from reasonrl.metrics import EventLog
+from reasonrl.metrics import EventLog, write_atomic
 
 FIRED_FILE = "faults_fired.json"
 
@@ -150,25 +149,6 @@ def parse_faults(specs: list[str]) -> FaultPlan:
     return FaultPlan(faults)
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    """Replace ``path`` with ``obj`` as JSON: temporary file, fsync, rename, fsync the directory."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def _hang_forever() -> None:
     """An injected hang: sleeps until the watchdog (or a signal) ends the process."""
     while True:
@@ -212,7 +192,7 @@ class FaultPlan:
         back as a float) and ``ctx``."""
         self.fired.add(fault.spec)
         if self._path is not None:
-            _write_json_atomic(self._path, {"fired": sorted(self.fired)})
+            write_atomic(self._path, json.dumps({"fired": sorted(self.fired)}, indent=1, sort_keys=True))
         if self._events is not None:
             self._events.emit("fault_injected", fault.step, fault=fault.spec, **ctx)
 

@@ -94,12 +94,13 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _rewrite_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Atomically replace ``path`` with ``rows``: write a temporary file, fsync, rename."""
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``: a temporary file beside it, fsync, rename, fsync the
+    directory. A crash leaves either the old file or the new one, never a mix."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(_dumps(row) for row in rows)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -107,6 +108,11 @@ def _rewrite_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _rewrite_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Atomically replace ``path`` with ``rows``."""
+    write_atomic(path, "".join(_dumps(row) for row in rows))
 
 
 def _drop_partial_line(path: Path) -> None:

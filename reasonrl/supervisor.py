@@ -32,7 +32,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.config import Config
-from reasonrl.metrics import EventLog, read_jsonl
+from reasonrl.metrics import EventLog, read_jsonl, write_atomic
 
 HANG_DUMP = "hang_dump.txt"
 """The stack dump the child's faulthandler watchdog writes before it exits."""
@@ -469,19 +468,8 @@ def summarize_run(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """Write ``run_dir/summary.json`` atomically (temporary file, fsync, rename)."""
-    path = Path(run_dir) / "summary.json"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="summary.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``run_dir/summary.json`` atomically (:func:`~reasonrl.metrics.write_atomic`)."""
+    write_atomic(Path(run_dir) / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 def train_supervised(cfg: Config, command: list[str]) -> int:

@@ -222,7 +222,7 @@ class LeanDecoder:
         """
         U, Pm = prefix_ids.shape
         b, T = response_ids.shape
-        Hkv, D, device = self.kv_heads, self.head_dim, prefix_ids.device
+        Hkv, device = self.kv_heads, prefix_ids.device
         x = self.body.embed_tokens(torch.cat([prefix_ids.flatten(), response_ids.flatten()]))  # [U Pm + b T, d]
         row_len = prefix_len[parent]
         positions = torch.cat([torch.arange(Pm, device=device).repeat(U), (row_len[:, None] + torch.arange(T, device=device)).flatten()])

@@ -13,7 +13,7 @@ from transformers import AutoModel
 
 from reasonrl.data.model import DTYPES
 from reasonrl.decoder import LeanDecoder, unsupported_reason
-from reasonrl.train.logprobs import micro_batches, response_hidden, sequence_inputs, sequence_lengths
+from reasonrl.train.logprobs import per_token_scores, response_hidden, sequence_inputs
 from reasonrl.types import RolloutBatch
 
 
@@ -34,17 +34,6 @@ class Critic(torch.nn.Module):
             hidden = self.body(**inputs, use_cache=False).last_hidden_state[:, P - 1 : P - 1 + T]
         return self.value_head(hidden).squeeze(-1).float(), T
 
-    @torch.no_grad()
     def values(self, rollout: RolloutBatch, micro_batch_size: int, micro_batch_tokens: int = 0) -> torch.Tensor:
         """Values [B, T] of every response position (0 on padding), without gradients."""
-        was_training = self.training
-        self.eval()
-        out = torch.zeros_like(rollout.response_mask)
-        try:
-            rows = torch.arange(rollout.size)
-            for rows in micro_batches(rows, sequence_lengths(rollout), micro_batch_size, micro_batch_tokens):
-                values, T = self(rollout, rows)
-                out[rows, :T] = values
-        finally:
-            self.train(was_training)
-        return out * rollout.response_mask
+        return per_token_scores(self, rollout, lambda rows: self(rollout, rows), micro_batch_size, micro_batch_tokens)

@@ -17,6 +17,8 @@ far less padding when response lengths vary.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -106,18 +108,35 @@ def sequence_lengths(rollout: RolloutBatch) -> torch.Tensor:
 
 
 @torch.no_grad()
-def compute_logprobs(
-    model: torch.nn.Module, rollout: RolloutBatch, temperature: float, micro_batch_size: int, micro_batch_tokens: int = 0
+def per_token_scores(
+    model: torch.nn.Module,
+    rollout: RolloutBatch,
+    score: Callable[[torch.Tensor], tuple[torch.Tensor, int]],
+    micro_batch_size: int,
+    micro_batch_tokens: int = 0,
 ) -> torch.Tensor:
-    """Log-probs [B, T] of every response token (0 on padding), in micro-batches, without gradients."""
+    """``[B, T]`` per response token (0 on padding) from ``score(rows) -> ([b, T'], T')``, run on
+    :func:`micro_batches` with ``model`` in eval mode (its mode restored after), without gradients."""
     was_training = model.training
     model.eval()
     out = torch.zeros_like(rollout.response_mask)
     try:
         rows = torch.arange(rollout.size)
         for micro in micro_batches(rows, sequence_lengths(rollout), micro_batch_size, micro_batch_tokens):
-            logprobs, _, T = policy_logprobs(model, rollout, micro, temperature, with_entropy=False)
-            out[micro, :T] = logprobs
+            values, T = score(micro)
+            out[micro, :T] = values
     finally:
         model.train(was_training)
     return out * rollout.response_mask
+
+
+def compute_logprobs(
+    model: torch.nn.Module, rollout: RolloutBatch, temperature: float, micro_batch_size: int, micro_batch_tokens: int = 0
+) -> torch.Tensor:
+    """Log-probs [B, T] of every response token (0 on padding), in micro-batches, without gradients."""
+
+    def score(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+        logprobs, _, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=False)
+        return logprobs, T
+
+    return per_token_scores(model, rollout, score, micro_batch_size, micro_batch_tokens)

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from reasonrl.decoder import LeanDecoder, unsupported_reason
+from reasonrl.decoder import LeanDecoder
 from reasonrl.rollout.hf import assemble, draw_seed, pad_prompts, response_mask
 from reasonrl.types import RolloutBatch, SamplingParams
 
@@ -120,11 +120,11 @@ class FastGenerator:
     """
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int) -> None:
-        reason = unsupported_reason(model)
-        if reason is not None:
-            raise ValueError(f"rollout.backend=fast does not support this model: {reason}; use rollout.backend=hf")
+        try:
+            self.decoder = LeanDecoder(model)
+        except ValueError as err:
+            raise ValueError(f"rollout.backend=fast: {err}; use rollout.backend=hf") from None
         self.model = model
-        self.decoder = LeanDecoder(model)
         self.pad_id = pad_id
         self.eos_id = eos_id
 

@@ -145,6 +145,8 @@ def test_missing_recipe(tmp_path):
             "train.prompts_per_step * rollout.n = 16 * 8 = 128",
         ),
         (["train.micro_batch_size=24"], "train.micro_batch_size = 24: must divide train.mini_batch_size = 64"),
+        (["train.micro_batch_tokens=-1"], "train.micro_batch_tokens = -1: must be >= 0"),
+        (["train.skip_zero_advantage=maybe"], "train.skip_zero_advantage"),
         (
             ["algo.overlong_buffer=32"],
             "algo.overlong_buffer = 32: the overlong buffer must be shorter than the max response "

@@ -269,6 +269,8 @@ class Trainer:
         fault = self.faults.reward_fault(self.step_count + 1)
         inject = {i: fault[0].removeprefix("reward_") for i in range(min(fault[1], len(texts)))} if fault else None
         scores, acc, failed, errors = self.rewards.score(texts, [p.ground_truth for p in prompts], inject)
+        device = rollout.response_mask.device  # grading runs on the host; the rollout may be on a GPU
+        scores, acc, failed = scores.to(device), acc.to(device), failed.to(device)
         if errors:
             self.events.emit("reward_failed", self.step_count + 1, samples=len(errors), errors=errors[:3])
         a = self.cfg.algo

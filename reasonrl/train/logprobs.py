@@ -121,7 +121,7 @@ def per_token_scores(
     model.eval()
     out = torch.zeros_like(rollout.response_mask)
     try:
-        rows = torch.arange(rollout.size)
+        rows = torch.arange(rollout.size, device=out.device)
         for micro in micro_batches(rows, sequence_lengths(rollout), micro_batch_size, micro_batch_tokens):
             values, T = score(micro)
             out[micro, :T] = values

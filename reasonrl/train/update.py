@@ -56,7 +56,7 @@ def minibatch_steps(
     skips = 0
     B = mask.shape[0]
     for _ in range(train.ppo_epochs):
-        for mini in torch.arange(B).split(train.mini_batch_size):
+        for mini in torch.arange(B, device=mask.device).split(train.mini_batch_size):
             total = agg_normaliser(mask[mini], agg)
             optimizer.zero_grad(set_to_none=True)
             run = mini if active is None else mini[active[mini]]

@@ -60,8 +60,9 @@ def test_fast_rollouts_match_hf_on_cuda(family):
     assert torch.equal(sampled[0].response_ids, sampled[1].response_ids)
 
 
-def test_training_runs_on_cuda(model_dir, tmp_path):
-    trainer = Trainer(load(None, [*tiny_run(model_dir, tmp_path, steps=3), "run.device=cuda"]))
+@pytest.mark.parametrize("recipe", ["dapo", "grpo", "ppo"])  # dynamic sampling; KL to a reference; critic + GAE
+def test_training_runs_on_cuda(recipe, model_dir, tmp_path):
+    trainer = Trainer(load(f"recipes/{recipe}.yaml", [*tiny_run(model_dir, tmp_path, steps=3), "rollout.max_new_tokens=12", "run.device=cuda"]))
     assert next(trainer.policy.parameters()).is_cuda
     trainer.run()
     rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line]

@@ -110,6 +110,10 @@ class RolloutConfig:
     """Responses longer than this are truncated."""
     backend: Literal["hf", "fast"] = "fast"
     """'fast' (KV-cache decode loop of reasonrl) or 'hf' (transformers generate, the reference)."""
+    cuda_graph: bool = True
+    """On a CUDA device, the fast backend replays each decode step as one captured CUDA graph
+    (every row kept to the end of the batch); false: eager steps, finished rows dropped. No
+    effect on CPU."""
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,6 @@ from reasonrl.train.update import update_critic, update_policy
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch, TrainBatch
 
 GROUP_ESTIMATORS = {"grpo": algo.grpo, "dr_grpo": algo.dr_grpo, "lite_ppo": algo.lite_ppo, "rloo": algo.rloo}
-GENERATORS = {"hf": HFGenerator, "fast": FastGenerator}
 
 
 class ResumeError(RuntimeError):
@@ -104,7 +103,11 @@ class Trainer:
         self.policy = load_model(self.model_dir, cfg.model.dtype, device)
         self.reference = self._frozen_copy(self.policy) if cfg.algo.kl_loss_coef > 0 else None
         self.critic = Critic(self.model_dir, cfg.model.dtype).to(device) if cfg.algo.adv_estimator == "gae" else None
-        self.generator = GENERATORS[cfg.rollout.backend](self.policy, self.pad_id, self.eos_id)
+        if cfg.rollout.backend == "fast":
+            static = None if cfg.rollout.cuda_graph else False  # None: graphs on CUDA only
+            self.generator = FastGenerator(self.policy, self.pad_id, self.eos_id, static_shapes=static)
+        else:
+            self.generator = HFGenerator(self.policy, self.pad_id, self.eos_id)
         # The built-in backends sample with the trainer's own module: same weights, same numerics.
         shared = self.generator.model is self.policy and cfg.model.dtype == "float32"
         self.reuse_rollout_logprobs = cfg.train.old_logprobs == "rollout" or (cfg.train.old_logprobs == "auto" and shared)

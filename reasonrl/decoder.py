@@ -81,11 +81,15 @@ class KVCache:
     """Per-layer key/value buffers ``[B, Hkv, L, D]``, allocated once per batch; slot ``s``
     of every row is written at the same decode step."""
 
-    def __init__(self, layers: int, batch: int, kv_heads: int, length: int, head_dim: int, dtype, device) -> None:
+    def __init__(
+        self, layers: int, batch: int, kv_heads: int, length: int, head_dim: int, dtype, device, zeroed: bool = False
+    ) -> None:
         shape = (batch, kv_heads, length, head_dim)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        new = torch.zeros if zeroed else torch.empty
+        self.keys = [new(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [new(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.length = 0  # slots filled
+        self.zeroed = zeroed  # slots not yet filled hold zeros, also after select()
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep batch rows ``rows`` (a [K] long tensor, repeats allowed), filled slots copied."""
@@ -93,7 +97,7 @@ class KVCache:
         self.values = [self._gather(v, rows) for v in self.values]
 
     def _gather(self, buffer: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        out = buffer.new_empty((rows.shape[0], *buffer.shape[1:]))
+        out = (buffer.new_zeros if self.zeroed else buffer.new_empty)((rows.shape[0], *buffer.shape[1:]))
         torch.index_select(buffer[:, :, : self.length], 0, rows, out=out[:, :, : self.length])
         return out
 
@@ -254,8 +258,8 @@ class LeanDecoder:
         return torch.cat([prompt_out[:, None], response_out], 1)
 
     # ------------------------------------------------------------------ generation
-    def new_cache(self, batch: int, length: int, device, dtype) -> KVCache:
-        return KVCache(len(self.body.layers), batch, self.kv_heads, length, self.head_dim, dtype, device)
+    def new_cache(self, batch: int, length: int, device, dtype, zeroed: bool = False) -> KVCache:
+        return KVCache(len(self.body.layers), batch, self.kv_heads, length, self.head_dim, dtype, device, zeroed)
 
     @torch.no_grad()
     def prefill(
@@ -297,6 +301,7 @@ class LeanDecoder:
         key_bias: torch.Tensor,
         cache: KVCache,
         table,
+        slot: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One step: feed ``tokens [B]`` at rotary ``positions [B]`` into the next cache slot;
         return the next logits ``[B, V]``. ``key_bias [B, 1, 1, >= slots]`` is 0 for keys to
@@ -304,6 +309,12 @@ class LeanDecoder:
 
         Attention per kv head group: ``softmax(q k^T / sqrt(D) + bias) v`` with the ``H / Hkv``
         query heads of a group as the rows of one small matrix product.
+
+        ``slot`` (a ``[1]`` long tensor) selects static shapes, what a CUDA graph needs: the
+        step writes cache slot ``slot``, un-masks it in ``key_bias`` (which must mask every
+        slot not yet written, over the whole cache) and attends over the whole cache;
+        ``cache.length`` is left alone. The cache must then hold finite values everywhere
+        (:meth:`new_cache` with ``zeroed=True``): a masked key still meets ``0 x value``.
         """
         B = tokens.shape[0]
         Hkv, D = self.kv_heads, self.head_dim
@@ -312,20 +323,29 @@ class LeanDecoder:
         s = cache.length
         cos, sin = table
         cos, sin = cos[positions][:, None], sin[positions][:, None]  # [B, 1, D]
-        bias = key_bias[..., : s + 1]
+        if slot is None:
+            bias = key_bias[..., : s + 1]
+        else:
+            bias = key_bias.index_fill_(-1, slot, 0.0)
         x = self.body.embed_tokens(tokens)
         for i, w in enumerate(layers):
             q, k, v = self._qkv(w, x, cos, sin)  # [B, heads, D]
             keys, values = cache.keys[i], cache.values[i]
-            keys[:, :, s] = k
-            values[:, :, s] = v
-            scores = torch.matmul(q.view(B, Hkv, G, D), keys[:, :, : s + 1].transpose(-1, -2))
+            if slot is None:
+                keys[:, :, s] = k
+                values[:, :, s] = v
+                keys, values = keys[:, :, : s + 1], values[:, :, : s + 1]
+            else:
+                keys.index_copy_(2, slot, k[:, :, None])
+                values.index_copy_(2, slot, v[:, :, None])
+            scores = torch.matmul(q.view(B, Hkv, G, D), keys.transpose(-1, -2))
             probs = torch.softmax(torch.add(bias, scores, alpha=self.scale), -1, dtype=torch.float32)
             if probs.dtype != scores.dtype:
                 probs = probs.to(scores.dtype)
-            attn = torch.matmul(probs, values[:, :, : s + 1])  # [B, Hkv, G, D]
+            attn = torch.matmul(probs, values)  # [B, Hkv, G, D]
             x = torch.addmm(x if w.o_bias is None else x + w.o_bias, attn.view(B, Hkv * G * D), w.o_weight_t)
             gate_up = torch.mm(rms_norm(x, w.ln2, self.eps), w.gate_up_weight_t)
             x = torch.addmm(x, F.silu(gate_up[:, :inner]) * gate_up[:, inner:], w.down_weight_t)
-        cache.length = s + 1
+        if slot is None:
+            cache.length = s + 1
         return self.lm_head(x)

@@ -7,6 +7,12 @@ token per live row, never re-encoding the prefix; rows that emitted EOS are drop
 the work by compacting the batch and the cache. The model runs through
 :class:`~reasonrl.decoder.LeanDecoder`: about 20 tensor operations per layer and step.
 
+On a CUDA device a step is instead captured once per batch as a CUDA graph and replayed
+(:class:`GraphedStep`): a small model's step is hundreds of kernels of microseconds each,
+whose launches cost more than their work. A graph needs fixed shapes, so that loop keeps
+every row to the end and attends over the whole cache, masked; on a GPU the extra rows cost
+little, and the launches saved are most of the step.
+
 :meth:`FastGenerator.generate_stream` is the same loop with a callback that sees each
 prompt group as soon as all its ``n`` samples have ended, and may stop the loop early
 (the unfinished groups are then aborted): the building block of dynamic sampling that
@@ -110,6 +116,46 @@ def sample(
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+class GraphedStep:
+    """:meth:`LeanDecoder.decode <reasonrl.decoder.LeanDecoder.decode>` with static shapes,
+    captured once as a CUDA graph and replayed for every step of a batch.
+
+    The graph reads the step's inputs from buffers of its own and writes the logits to one:
+    a call copies ``tokens [B]`` and ``positions [B]`` in, sets the cache slot, replays and
+    returns the logits buffer (overwritten by the next call). Built at the batch's first
+    decode step (slot ``first_slot``), whose inputs it is given: the warm-up run before the
+    capture computes that step, which the first call then recomputes identically. Off
+    CUDA it runs the same step eagerly.
+    """
+
+    def __init__(self, decoder: LeanDecoder, layers, cache, table, key_bias, tokens, positions, first_slot: int) -> None:
+        self.tokens, self.positions = tokens.clone(), positions.clone()
+        self.slot = torch.full((1,), first_slot, dtype=torch.long, device=tokens.device)
+
+        def step() -> torch.Tensor:
+            return decoder.decode(layers, self.tokens, self.positions, key_bias, cache, table, slot=self.slot)
+
+        self.step, self.graph = step, None
+        if tokens.device.type == "cuda":
+            side = torch.cuda.Stream(tokens.device)
+            side.wait_stream(torch.cuda.current_stream(tokens.device))
+            with torch.cuda.stream(side):  # warm-up: lazy initialisations must not be captured
+                step()
+            torch.cuda.current_stream(tokens.device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = step()
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slot: int) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.positions.copy_(positions)
+        self.slot.fill_(slot)
+        if self.graph is None:
+            return self.step()
+        self.graph.replay()
+        return self.logits
+
+
 class FastGenerator:
     """Rollouts with a hand-written batched decode loop over the trainer's own decoder.
 
@@ -117,9 +163,15 @@ class FastGenerator:
     Qwen2 and Qwen3 decoders; ``rollout.backend=hf`` runs any other causal LM). It samples
     with the trainer's own module (``self.model``), so it always sees the latest weights.
     The returned tensors live on the model's device.
+
+    ``static_shapes``: decode a fixed batch over the whole cache, each step a replayed CUDA
+    graph (:class:`GraphedStep`); ``None`` (the default) does so on CUDA devices and
+    compacts the batch elsewhere. ``True`` on a CPU runs the same fixed-shape loop eagerly
+    (tests). Under greedy decoding both loops give the same tokens; with sampling each has
+    its own random stream (one number per live row and step vs per row and step).
     """
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, static_shapes: bool | None = None) -> None:
         try:
             self.decoder = LeanDecoder(model)
         except ValueError as err:
@@ -127,6 +179,7 @@ class FastGenerator:
         self.model = model
         self.pad_id = pad_id
         self.eos_id = eos_id
+        self.static_shapes = static_shapes
 
     def generate(
         self,
@@ -222,24 +275,28 @@ class FastGenerator:
         batch.group_ids = rows // n
         return batch
 
-    def _prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, length: int):
+    def _prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, length: int, static: bool):
         """Encode each distinct prompt (every ``n``-th row) once into a cache of ``length``
         slots, then copy it to the prompt's ``n`` rows.
 
         Returns ``(layers, cache, rope table, logits [B, V] of the first response token,
-        key bias [B, 1, 1, length]: -inf on the prompts' padding, 0 elsewhere)``.
+        key bias [B, 1, 1, length]: -inf on the prompts' padding, 0 elsewhere)``; ``static``:
+        the cache's empty slots hold zeros and are masked too (see ``LeanDecoder.decode``).
         """
         decoder = self.decoder
         dtype = next(self.model.parameters()).dtype
         ids, mask = prompt_ids[::n], prompt_mask[::n]
+        P = prompt_mask.shape[1]
         layers = decoder.fuse()
         table = decoder.rope_table(length, ids.device, dtype)
-        cache = decoder.new_cache(ids.shape[0], length, ids.device, dtype)
+        cache = decoder.new_cache(ids.shape[0], length, ids.device, dtype, zeroed=static)
         logits = decoder.prefill(layers, ids, mask, cache, table)
         parent = torch.arange(prompt_ids.shape[0], device=ids.device) // n
         cache.select(parent)
         key_bias = torch.zeros((prompt_ids.shape[0], 1, 1, length), dtype=dtype, device=ids.device)
-        key_bias[:, 0, 0, : prompt_mask.shape[1]].masked_fill_(prompt_mask == 0, float("-inf"))
+        key_bias[:, 0, 0, :P].masked_fill_(prompt_mask == 0, float("-inf"))
+        if static:
+            key_bias[:, 0, 0, P:] = float("-inf")
         return layers, cache, table, logits[parent], key_bias
 
     def _decode(
@@ -270,7 +327,9 @@ class FastGenerator:
                 return tokens_out, logprobs_out
             stopped = bool(on_step(-1, torch.ones(B, dtype=torch.bool, device=device), tokens_out, logprobs_out))
             return tokens_out, logprobs_out, stopped, 0
-        layers, cache, table, logits, key_bias = self._prefill(prompt_ids, prompt_mask, n, P + steps)
+        static = device.type == "cuda" if self.static_shapes is None else self.static_shapes
+        layers, cache, table, logits, key_bias = self._prefill(prompt_ids, prompt_mask, n, P + steps, static)
+        graphed = None
         rows = torch.arange(B, device=device)  # original row of each batch row
         position = prompt_mask.sum(-1)  # next position id of each batch row
         alive = torch.ones(B, dtype=torch.bool, device=device)  # no EOS yet
@@ -293,12 +352,17 @@ class FastGenerator:
             live_before = n_alive
             if last:
                 break
-            if n_alive <= COMPACT_AT * alive.shape[0]:
-                keep = alive.nonzero().squeeze(-1)
-                cache.select(keep)
-                rows, tokens, position, alive = rows[keep], tokens[keep], position[keep], alive[keep]
-                key_bias = key_bias[keep]
-            logits = self.decoder.decode(layers, tokens, position, key_bias, cache, table)
+            if static:
+                if graphed is None:
+                    graphed = GraphedStep(self.decoder, layers, cache, table, key_bias, tokens, position, P)
+                logits = graphed(tokens, position, P + t)
+            else:
+                if n_alive <= COMPACT_AT * alive.shape[0]:
+                    keep = alive.nonzero().squeeze(-1)
+                    cache.select(keep)
+                    rows, tokens, position, alive = rows[keep], tokens[keep], position[keep], alive[keep]
+                    key_bias = key_bias[keep]
+                logits = self.decoder.decode(layers, tokens, position, key_bias, cache, table)
             position = position + 1
         if on_step is None:
             return tokens_out, logprobs_out

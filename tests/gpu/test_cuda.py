@@ -1,5 +1,5 @@
-"""The same code on a CUDA device: lean decoder vs transformers, fast vs HF rollouts, a
-training run (skipped without a GPU)."""
+"""The same code on a CUDA device: lean decoder vs transformers, fast (CUDA graphs and eager)
+vs HF rollouts, training runs (skipped without a GPU)."""
 
 from __future__ import annotations
 
@@ -48,16 +48,25 @@ def test_fast_rollouts_match_hf_on_cuda(family):
     prompts = [[3, 9, 14], [7, 2, 30, 4, 5], [22, 8], [11, 12, 13, 17, 19, 23]]
     params = SamplingParams(temperature=0.0, max_new_tokens=10)
     hf = HFGenerator(model, 0, 1).generate(prompts, 2, params, torch.Generator().manual_seed(0))
-    fast = FastGenerator(model, 0, 1).generate(prompts, 2, params, torch.Generator().manual_seed(0))
-    assert fast.response_ids.is_cuda
-    assert torch.equal(fast.response_ids, hf.response_ids)
-    torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-4, rtol=0)
-    # Sampling on the GPU with a CPU generator: reproducible.
+    for static_shapes in (None, False):  # a CUDA graph per step (the default on CUDA); eager, compacting
+        fast = FastGenerator(model, 0, 1, static_shapes).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+        assert fast.response_ids.is_cuda
+        assert torch.equal(fast.response_ids, hf.response_ids), static_shapes
+        torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-4, rtol=0)
+    # Sampling on the GPU with a CPU generator, through graphs: reproducible, and the
+    # sampling log-probs are the model's (a stale or mis-fed graph would break this).
+    sampling = SamplingParams(temperature=0.8, max_new_tokens=10)
     sampled = [
-        FastGenerator(model, 0, 1).generate(prompts, 4, SamplingParams(max_new_tokens=10), torch.Generator().manual_seed(3))
-        for _ in range(2)
+        FastGenerator(model, 0, 1).generate(prompts, 4, sampling, torch.Generator().manual_seed(3)) for _ in range(2)
     ]
     assert torch.equal(sampled[0].response_ids, sampled[1].response_ids)
+    rollout = sampled[0]
+    T = rollout.response_ids.shape[1]
+    with torch.no_grad():
+        logits = hf_response_logits(model, rollout)[:, :T].float() / sampling.temperature
+    expected = logits.log_softmax(-1).gather(-1, rollout.response_ids[..., None]).squeeze(-1)
+    mask = rollout.response_mask.bool()
+    torch.testing.assert_close(rollout.logprobs[mask], expected[mask], atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("recipe", ["dapo", "grpo", "ppo"])  # dynamic sampling; KL to a reference; critic + GAE

@@ -54,6 +54,27 @@ def test_greedy_equals_hf(attention):
     torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-5, rtol=0)
 
 
+def test_fixed_shape_loop_equals_hf_and_keeps_every_row():
+    # The loop a CUDA graph replays (static_shapes=True), run eagerly: the cache's empty
+    # slots hold zeros and must be masked, the prompts' padding too (PROMPTS differ in length).
+    model = tiny_qwen2(trigger_bias=30.0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    hf = HFGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, torch.Generator().manual_seed(0))
+    rows = rows_per_call(model)
+    fast = FastGenerator(model, PAD, EOS, static_shapes=True).generate(PROMPTS, 3, params, torch.Generator().manual_seed(0))
+    assert rows == [4] + [12] * 11  # prefill, then every row at every step: nothing compacted
+    check_contract(fast, PROMPTS, 3, 12)
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "eos", "truncated", "group_ids"):
+        assert torch.equal(getattr(fast, name), getattr(hf, name)), name
+    torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-5, rtol=0)
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=10, max_new_tokens=10)
+    model = tiny_qwen2(eos_bias=1.5)
+    batch = FastGenerator(model, PAD, EOS, static_shapes=True).generate(PROMPTS, 4, sampling, torch.Generator().manual_seed(3))
+    check_contract(batch, PROMPTS, 4, 10)
+    assert batch.eos.any() and batch.truncated.any()
+    torch.testing.assert_close(batch.logprobs, recomputed_logprobs(model, batch, sampling.temperature), atol=1e-5, rtol=0)
+
+
 def test_stops_when_every_row_ended():
     # Row 0 ends at once but is not worth compacting away (1 of 5); the others end at step 28
     # (this model's greedy path).

@@ -53,7 +53,7 @@ SIZES = {  # hidden, layers, heads, kv heads, intermediate
 }
 
 
-def build_model(seed: int, size: str = "tiny", device: str = "cpu") -> torch.nn.Module:
+def build_model(seed: int, size: str = "tiny", device: str = "cpu", dtype: str = "float32") -> torch.nn.Module:
     """The benchmark's random Qwen2, with ``EOS_BIAS`` added to the EOS logit."""
     torch.manual_seed(seed)
     hidden, layers, heads, kv_heads, intermediate = SIZES[size]
@@ -71,7 +71,7 @@ def build_model(seed: int, size: str = "tiny", device: str = "cpu") -> torch.nn.
     bias = torch.zeros(VOCAB)
     bias[EOS] = EOS_BIAS
     model.lm_head.bias = torch.nn.Parameter(bias)
-    return model.to(device)
+    return model.to(device, getattr(torch, dtype))
 
 
 def sync(device: str) -> None:
@@ -127,10 +127,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    model = build_model(0, args.size, args.device)
+    model = build_model(0, args.size, args.device, args.dtype)
     prompts = build_prompts(args.prompts, 0)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     hf, fast = HFGenerator(model, PAD, EOS), FastGenerator(model, PAD, EOS)
@@ -168,6 +169,7 @@ def main() -> None:
                 "bench": "rollout",
                 "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
                 "params": sum(p.numel() for p in model.parameters()),
+                "dtype": args.dtype,
                 "threads": args.threads,
                 "batch": args.prompts * args.samples,
                 "max_new_tokens": args.max_new_tokens,

@@ -7,11 +7,11 @@ token per live row, never re-encoding the prefix; rows that emitted EOS are drop
 the work by compacting the batch and the cache. The model runs through
 :class:`~reasonrl.decoder.LeanDecoder`: about 20 tensor operations per layer and step.
 
-On a CUDA device a step is instead captured once per batch as a CUDA graph and replayed
-(:class:`GraphedStep`): a small model's step is hundreds of kernels of microseconds each,
-whose launches cost more than their work. A graph needs fixed shapes, so that loop keeps
-every row to the end and attends over the whole cache, masked; on a GPU the extra rows cost
-little, and the launches saved are most of the step.
+On a CUDA device a step (sampling included) is instead captured once per batch as a CUDA
+graph and replayed (:meth:`FastGenerator._static_step`): a small model's step is hundreds
+of kernels of microseconds each, whose launches cost more than their work. A graph needs
+fixed shapes, so that loop keeps every row to the end and attends over the whole cache,
+masked; on a GPU the extra rows cost little, and the launches saved are most of the step.
 
 :meth:`FastGenerator.generate_stream` is the same loop with a callback that sees each
 prompt group as soon as all its ``n`` samples have ended, and may stop the loop early
@@ -79,7 +79,7 @@ class StreamResult:
 
 
 def sample(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, uniforms: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose one token per row from ``[b, V]`` raw logits; return ``(tokens [b], logprobs [b])``.
 
@@ -88,7 +88,7 @@ def sample(
     (the smallest set of most likely tokens whose mass reaches ``top_p``), as
     ``transformers`` does, and draws by inverting the CDF: token = the first ``i`` with
     ``cumsum(p)_i > u * sum(p)``, ``u ~ U[0, 1)`` from ``generator`` (one number per row;
-    tokens of zero mass are never chosen).
+    tokens of zero mass are never chosen), or given as ``uniforms [b, 1]``.
     """
     logits = logits.float()
     if params.temperature <= 0:
@@ -111,49 +111,24 @@ def sample(
     else:
         probs = logp.exp()
     cdf = probs.cumsum(-1)
-    u = torch.rand((cdf.shape[0], 1), generator=generator, device=generator.device).to(cdf.device)
+    u = uniforms if uniforms is not None else torch.rand((cdf.shape[0], 1), generator=generator, device=generator.device).to(cdf.device)
     tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=V - 1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-class GraphedStep:
-    """:meth:`LeanDecoder.decode <reasonrl.decoder.LeanDecoder.decode>` with static shapes,
-    captured once as a CUDA graph and replayed for every step of a batch.
-
-    The graph reads the step's inputs from buffers of its own and writes the logits to one:
-    a call copies ``tokens [B]`` and ``positions [B]`` in, sets the cache slot, replays and
-    returns the logits buffer (overwritten by the next call). Built at the batch's first
-    decode step (slot ``first_slot``), whose inputs it is given: the warm-up run before the
-    capture computes that step, which the first call then recomputes identically. Off
-    CUDA it runs the same step eagerly.
-    """
-
-    def __init__(self, decoder: LeanDecoder, layers, cache, table, key_bias, tokens, positions, first_slot: int) -> None:
-        self.tokens, self.positions = tokens.clone(), positions.clone()
-        self.slot = torch.full((1,), first_slot, dtype=torch.long, device=tokens.device)
-
-        def step() -> torch.Tensor:
-            return decoder.decode(layers, self.tokens, self.positions, key_bias, cache, table, slot=self.slot)
-
-        self.step, self.graph = step, None
-        if tokens.device.type == "cuda":
-            side = torch.cuda.Stream(tokens.device)
-            side.wait_stream(torch.cuda.current_stream(tokens.device))
-            with torch.cuda.stream(side):  # warm-up: lazy initialisations must not be captured
-                step()
-            torch.cuda.current_stream(tokens.device).wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.logits = step()
-
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slot: int) -> torch.Tensor:
-        self.tokens.copy_(tokens)
-        self.positions.copy_(positions)
-        self.slot.fill_(slot)
-        if self.graph is None:
-            return self.step()
-        self.graph.replay()
-        return self.logits
+def capture_graph(fn: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
+    """``fn`` captured as a CUDA graph, after one warm-up run on a side stream (lazy
+    initialisations such as cuBLAS workspaces must not be captured): the caller must undo
+    what that run changed, or make ``fn`` give the same result when run twice."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 class FastGenerator:
@@ -165,7 +140,7 @@ class FastGenerator:
     The returned tensors live on the model's device.
 
     ``static_shapes``: decode a fixed batch over the whole cache, each step a replayed CUDA
-    graph (:class:`GraphedStep`); ``None`` (the default) does so on CUDA devices and
+    graph; ``None`` (the default) does so on CUDA devices and
     compacts the batch elsewhere. ``True`` on a CPU runs the same fixed-shape loop eagerly
     (tests). Under greedy decoding both loops give the same tokens; with sampling each has
     its own random stream (one number per live row and step vs per row and step).
@@ -329,17 +304,23 @@ class FastGenerator:
             return tokens_out, logprobs_out, stopped, 0
         static = device.type == "cuda" if self.static_shapes is None else self.static_shapes
         layers, cache, table, logits, key_bias = self._prefill(prompt_ids, prompt_mask, n, P + steps, static)
-        graphed = None
         rows = torch.arange(B, device=device)  # original row of each batch row
         position = prompt_mask.sum(-1)  # next position id of each batch row
         alive = torch.ones(B, dtype=torch.bool, device=device)  # no EOS yet
         ended = torch.zeros(B, dtype=torch.bool, device=device) if on_step is not None else None
+        static_step = None
+        if static:
+            state = (layers, cache, table, key_bias, logits, position, P)
+            static_step = self._static_step(state, params, rng, tokens_out, logprobs_out, alive)
         live_before, stopped, t = B, False, 0
         for t in range(steps):
-            tokens, logprobs = sample(logits, params, rng)
-            tokens_out[rows, t] = tokens
-            logprobs_out[rows, t] = logprobs
-            alive &= tokens != self.eos_id
+            if static_step is not None:
+                static_step(t)  # samples token t of every row, then feeds it to the model
+            else:
+                tokens, logprobs = sample(logits, params, rng)
+                tokens_out[rows, t] = tokens
+                logprobs_out[rows, t] = logprobs
+                alive &= tokens != self.eos_id
             n_alive = int(alive.sum())
             last = n_alive == 0 or t == steps - 1
             if on_step is not None and (n_alive < live_before or last):
@@ -352,18 +333,56 @@ class FastGenerator:
             live_before = n_alive
             if last:
                 break
-            if static:
-                if graphed is None:
-                    graphed = GraphedStep(self.decoder, layers, cache, table, key_bias, tokens, position, P)
-                logits = graphed(tokens, position, P + t)
-            else:
-                if n_alive <= COMPACT_AT * alive.shape[0]:
-                    keep = alive.nonzero().squeeze(-1)
-                    cache.select(keep)
-                    rows, tokens, position, alive = rows[keep], tokens[keep], position[keep], alive[keep]
-                    key_bias = key_bias[keep]
-                logits = self.decoder.decode(layers, tokens, position, key_bias, cache, table)
+            if static_step is not None:
+                continue
+            if n_alive <= COMPACT_AT * alive.shape[0]:
+                keep = alive.nonzero().squeeze(-1)
+                cache.select(keep)
+                rows, tokens, position, alive = rows[keep], tokens[keep], position[keep], alive[keep]
+                key_bias = key_bias[keep]
+            logits = self.decoder.decode(layers, tokens, position, key_bias, cache, table)
             position = position + 1
         if on_step is None:
             return tokens_out, logprobs_out
         return tokens_out, logprobs_out, stopped, t + 1
+
+    def _static_step(self, state, params: SamplingParams, rng: torch.Generator, tokens_out, logprobs_out, alive):
+        """``step(t)`` of the fixed-shape loop: sample token ``t`` of every row from the
+        current logits into ``tokens_out``, ``logprobs_out`` and ``alive``, then run the
+        model on it (cache slot ``P + t``) for the next logits. On CUDA the whole step is
+        one captured graph (:func:`capture_graph`), replayed; elsewhere it runs eagerly.
+
+        ``state`` is ``(layers, cache, rope table, key bias, logits [B, V] after the
+        prompts, first positions [B], P)``. The step keeps its inputs in tensors of its own:
+        the step index on the device, the logits buffer, and the uniforms of every step,
+        drawn at once (``[steps, B]`` from ``rng``, one per row and step).
+        """
+        layers, cache, table, key_bias, logits, position, P = state
+        device, steps = logits.device, tokens_out.shape[1]
+        t_now = torch.zeros(1, dtype=torch.long, device=device)
+        uniforms = None
+        if params.temperature > 0:
+            uniforms = torch.rand((steps, logits.shape[0], 1), generator=rng, device=rng.device).to(device)
+        decoder, eos = self.decoder, self.eos_id
+
+        def run() -> None:
+            u = None if uniforms is None else uniforms.index_select(0, t_now)[0]
+            tokens, logprobs = sample(logits, params, None, u)
+            tokens_out.index_copy_(1, t_now, tokens[:, None])
+            logprobs_out.index_copy_(1, t_now, logprobs[:, None].to(logprobs_out.dtype))
+            alive.logical_and_(tokens != eos)
+            logits.copy_(decoder.decode(layers, tokens, position + t_now, key_bias, cache, table, slot=P + t_now))
+
+        if device.type != "cuda":
+            def step(t: int) -> None:
+                t_now.fill_(t)
+                run()
+            return step
+        first = logits.clone()
+        graph = capture_graph(run, device)  # its warm-up ran step 0: sampling it again is the same,
+        logits.copy_(first)  # but from the logits it overwrote
+
+        def replay(t: int) -> None:
+            t_now.fill_(t)
+            graph.replay()
+        return replay

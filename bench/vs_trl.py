@@ -9,7 +9,9 @@ advantages, token-mean loss (reasonrl ``algo.loss_agg=token-mean`` = TRL ``loss_
 no masking of truncated samples, the same optimizer steps per batch and epochs per batch,
 and the same torch thread count. TRL runs at its best on CPU (see
 ``shared/notes/peer-benchmarks.md``): ``use_cpu``, no bf16, no gradient checkpointing, no
-continuous batching, no torch_compile.
+continuous batching, no torch_compile. ``--device cuda`` runs both on the GPU instead (TRL
+without ``use_cpu``; reasonrl with ``run.device=cuda``, so its CUDA-graph rollouts), still
+fp32; step times are then taken after a device synchronisation.
 
 Each system runs in its own worker process; the driver alternates them in blocks of
 ``--block`` steps (ABBA order: the one that goes first changes every block), so both see the
@@ -74,6 +76,14 @@ def rnd(x, digits=3):
     return None if x is None else round(x, digits)
 
 
+def sync(spec: dict) -> None:
+    """Wait for the GPU's queued work, so that a wall-clock time covers it."""
+    if spec["device"] == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def eval_overrides(spec: dict) -> list[str]:
     """The evaluator's config: identical for both systems (only model weights differ)."""
     return [
@@ -81,6 +91,7 @@ def eval_overrides(spec: dict) -> list[str]:
         f"run.dir={spec['tmp']}/eval-{spec['system']}-{spec['seed']}",
         f"run.seed={spec['seed']}",
         f"run.threads={spec['threads']}",
+        f"run.device={spec['device']}",
         "run.deterministic=false",
         "run.progress=false",
         f"rollout.max_new_tokens={spec['max_new_tokens']}",
@@ -100,6 +111,7 @@ def reasonrl_overrides(spec: dict) -> list[str]:
         f"run.dir={spec['tmp']}/reasonrl-{spec['seed']}",
         f"run.seed={spec['seed']}",
         f"run.threads={spec['threads']}",
+        f"run.device={spec['device']}",
         "run.progress=false",
         f"run.deterministic={'true' if spec['deterministic'] else 'false'}",
         f"rollout.n={spec['n']}",
@@ -200,8 +212,10 @@ def worker_reasonrl(spec: dict) -> None:
             return
         steps, evals = [], []
         for _ in range(k):
+            sync(spec)
             start = time.perf_counter()
             m = trainer.step()
+            sync(spec)
             wall = time.perf_counter() - start
             step += 1
             steps.append(
@@ -277,7 +291,7 @@ def worker_trl(spec: dict) -> None:
         output_dir=f"{spec['tmp']}/trl-{spec['seed']}",
         seed=spec["seed"],
         data_seed=spec["seed"],
-        use_cpu=True,
+        use_cpu=spec["device"] == "cpu",
         bf16=False,
         fp16=False,
         gradient_checkpointing=False,
@@ -361,12 +375,14 @@ def worker_trl(spec: dict) -> None:
         def on_step_begin(self, a, state, control, **kw):
             if self.opt_in_step == 0:
                 timers["gen"] = timers["reward"] = 0.0
+                sync(spec)
                 self.begin = time.perf_counter()
 
         def on_step_end(self, a, state, control, **kw):
             self.opt_in_step += 1
             if self.opt_in_step < per_rl_step:
                 return
+            sync(spec)
             end = time.perf_counter()
             self.opt_in_step = 0
             self.rl_step += 1
@@ -603,7 +619,7 @@ def summarise(results: list[dict], base: dict, other_cpu_s: float, wall_s: float
         "other_cpu_cores_avg": rnd(max(other_cpu_s, 0.0) / wall_s, 2),
         "settings": {
             k: base[k]
-            for k in ("steps", "max_wall_s", "seeds", "threads", "block", "prompts", "n", "max_new_tokens", "lr", "updates_per_batch", "epochs",
+            for k in ("steps", "max_wall_s", "seeds", "threads", "device", "block", "prompts", "n", "max_new_tokens", "lr", "updates_per_batch", "epochs",
                       "eval_every", "eval_prompts", "eval_k", "target_gain", "deterministic", "micro_batch_tokens", "skip_zero_advantage")
         }
         | {
@@ -630,6 +646,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40, help="RL steps per system per seed")
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both systems run")
     p.add_argument("--block", type=int, default=5, help="steps per interleaved block")
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
@@ -691,7 +708,7 @@ def main() -> None:
     warm_dir = str(ensure_warm_start(cfg.sft, cfg.data.families, log))  # once, before the workers start
     tmp = tempfile.mkdtemp(prefix="vs_trl-")
     base = {
-        "steps": a.steps, "seeds": seeds, "threads": a.threads, "block": a.block, "prompts": a.prompts, "n": a.n,
+        "steps": a.steps, "seeds": seeds, "threads": a.threads, "device": a.device, "block": a.block, "prompts": a.prompts, "n": a.n,
         "max_new_tokens": a.max_new_tokens, "lr": a.lr, "updates_per_batch": a.updates_per_batch, "epochs": a.epochs,
         "eval_every": a.eval_every, "eval_prompts": a.eval_prompts, "eval_k": a.eval_k, "target_gain": a.target_gain,
         "warm_dir": warm_dir, "tmp": tmp, "max_wall_s": a.max_wall_s,

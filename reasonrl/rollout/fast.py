@@ -140,10 +140,10 @@ class FastGenerator:
     The returned tensors live on the model's device.
 
     ``static_shapes``: decode a fixed batch over the whole cache, each step a replayed CUDA
-    graph; ``None`` (the default) does so on CUDA devices and
-    compacts the batch elsewhere. ``True`` on a CPU runs the same fixed-shape loop eagerly
-    (tests). Under greedy decoding both loops give the same tokens; with sampling each has
-    its own random stream (one number per live row and step vs per row and step).
+    graph; ``None`` (the default) does so on CUDA devices and compacts the batch elsewhere;
+    ``True`` on a CPU runs the same fixed-shape loop eagerly (tests). Under greedy decoding
+    both loops give the same tokens; with sampling each has its own random stream (one
+    number per live row and step vs one per row and step).
     """
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, static_shapes: bool | None = None) -> None:

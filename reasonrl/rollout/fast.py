@@ -79,7 +79,10 @@ class StreamResult:
 
 
 def sample(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, uniforms: torch.Tensor | None = None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose one token per row from ``[b, V]`` raw logits; return ``(tokens [b], logprobs [b])``.
 
@@ -111,7 +114,9 @@ def sample(
     else:
         probs = logp.exp()
     cdf = probs.cumsum(-1)
-    u = uniforms if uniforms is not None else torch.rand((cdf.shape[0], 1), generator=generator, device=generator.device).to(cdf.device)
+    u = uniforms
+    if u is None:
+        u = torch.rand((cdf.shape[0], 1), generator=generator, device=generator.device).to(cdf.device)
     tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=V - 1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 

@@ -374,7 +374,7 @@ class FastGenerator:
             u = None if uniforms is None else uniforms.index_select(0, t_now)[0]
             tokens, logprobs = sample(logits, params, None, u)
             tokens_out.index_copy_(1, t_now, tokens[:, None])
-            logprobs_out.index_copy_(1, t_now, logprobs[:, None].to(logprobs_out.dtype))
+            logprobs_out.index_copy_(1, t_now, logprobs[:, None])
             alive.logical_and_(tokens != eos)
             logits.copy_(decoder.decode(layers, tokens, position + t_now, key_bias, cache, table, slot=P + t_now))
 

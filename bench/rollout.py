@@ -86,23 +86,27 @@ def build_prompts(count: int, seed: int) -> list[list[int]]:
     return [torch.randint(2, VOCAB, (k,), generator=g).tolist() for k in lengths]
 
 
+def timed(device: str, fn):
+    """``(seconds, fn())``, the device's queued work included."""
+    sync(device)
+    start = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - start, out
+
+
 def timed_generate(generator, prompts, n, params, seed) -> tuple[float, RolloutBatch]:
     device = str(next(generator.model.parameters()).device)
-    sync(device)
-    start = time.perf_counter()
-    batch = generator.generate(prompts, n, params, torch.Generator().manual_seed(seed))
-    sync(device)
-    return time.perf_counter() - start, batch
+    return timed(device, lambda: generator.generate(prompts, n, params, torch.Generator().manual_seed(seed)))
 
 
-def timed_bound(model, batch: RolloutBatch) -> float:
-    """Seconds of the fastest forward pass over the batch's prompt + response tokens."""
-    device = str(batch.prompt_ids.device)
-    sync(device)
-    start = time.perf_counter()
-    compute_logprobs(model, batch, temperature=1.0, micro_batch_size=batch.size, micro_batch_tokens=2048)
-    sync(device)
-    return time.perf_counter() - start
+def timed_lean_forward(model, batch: RolloutBatch) -> float:
+    """Seconds of the training-path scoring forward (lean decoder, 2048-token micro-batches)."""
+
+    def score():
+        compute_logprobs(model, batch, temperature=1.0, micro_batch_size=batch.size, micro_batch_tokens=2048)
+
+    return timed(str(batch.prompt_ids.device), score)[0]
 
 
 def timed_hf_forward(model, batch: RolloutBatch) -> float:
@@ -110,12 +114,12 @@ def timed_hf_forward(model, batch: RolloutBatch) -> float:
     ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
     mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], 1)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    sync(str(ids.device))
-    start = time.perf_counter()
-    with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, position_ids=position_ids)
-    sync(str(ids.device))
-    return time.perf_counter() - start
+
+    def forward():
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, position_ids=position_ids)
+
+    return timed(str(ids.device), forward)[0]
 
 
 def main() -> None:
@@ -157,7 +161,7 @@ def main() -> None:
         rows["fast_tok"].append(tokens / seconds)
         rows["fast_smp"].append(batch.size / seconds)
         lengths.append(batch.lengths.float().mean().item())
-        rows["lean_forward_tok"].append(tokens / timed_bound(model, batch))
+        rows["lean_forward_tok"].append(tokens / timed_lean_forward(model, batch))
         rows["hf_forward_tok"].append(tokens / timed_hf_forward(model, batch))
         rows["bound_tok"].append(max(rows["lean_forward_tok"][-1], rows["hf_forward_tok"][-1]))
     other_cpu_s = (busy_jiffies() - jiffies) / os.sysconf("SC_CLK_TCK") - (sum(os.times()[:2]) - own)

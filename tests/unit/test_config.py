@@ -147,6 +147,7 @@ def test_missing_recipe(tmp_path):
         (["train.micro_batch_size=24"], "train.micro_batch_size = 24: must divide train.mini_batch_size = 64"),
         (["train.micro_batch_tokens=-1"], "train.micro_batch_tokens = -1: must be >= 0"),
         (["train.skip_zero_advantage=maybe"], "train.skip_zero_advantage"),
+        (["rollout.cuda_graph=maybe"], "rollout.cuda_graph = 'maybe': expected true or false"),
         (
             ["algo.overlong_buffer=32"],
             "algo.overlong_buffer = 32: the overlong buffer must be shorter than the max response "

@@ -108,12 +108,20 @@ class RolloutConfig:
     """0 disables top-k."""
     max_new_tokens: int = 32
     """Responses longer than this are truncated."""
-    backend: Literal["hf", "fast"] = "fast"
-    """'fast' (KV-cache decode loop of reasonrl) or 'hf' (transformers generate, the reference)."""
+    backend: Literal["hf", "fast", "vllm"] = "fast"
+    """'fast' (KV-cache decode loop of reasonrl), 'hf' (transformers generate, the reference) or
+    'vllm' (a vLLM engine in the trainer's process, weights synced before sampling; needs the
+    optional vllm package)."""
     cuda_graph: bool = True
     """On a CUDA device, the fast backend replays each decode step as one captured CUDA graph
     (every row kept to the end of the batch); false: eager steps, finished rows dropped. No
     effect on CPU."""
+    vllm_gpu_memory_utilization: float = 0.4
+    """backend=vllm: the share of GPU memory vLLM may take (its weights and key/value cache),
+    leaving the rest to training. Ignored on a CPU."""
+    vllm_max_model_len: Optional[int] = None
+    """backend=vllm: the longest prompt + response its cache must hold; null: the model's
+    max_position_embeddings."""
 
 
 @dataclass(frozen=True)
@@ -408,6 +416,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rollout.top_k": _NON_NEGATIVE,
     "rollout.max_new_tokens": _AT_LEAST_1,
+    "rollout.vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.vllm_max_model_len": (lambda v: v is None or v >= 2, "null or >= 2"),
     "algo.eps_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "algo.eps_high": _NON_NEGATIVE,
     "algo.dual_clip": (lambda v: v is None or v > 1, "null or > 1"),

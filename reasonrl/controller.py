@@ -103,13 +103,9 @@ class Trainer:
         self.policy = load_model(self.model_dir, cfg.model.dtype, device)
         self.reference = self._frozen_copy(self.policy) if cfg.algo.kl_loss_coef > 0 else None
         self.critic = Critic(self.model_dir, cfg.model.dtype).to(device) if cfg.algo.adv_estimator == "gae" else None
-        if cfg.rollout.backend == "fast":
-            static = None if cfg.rollout.cuda_graph else False  # None: graphs on CUDA only
-            self.generator = FastGenerator(self.policy, self.pad_id, self.eos_id, static_shapes=static)
-        else:
-            self.generator = HFGenerator(self.policy, self.pad_id, self.eos_id)
+        self.generator = self._generator()
         # The built-in backends sample with the trainer's own module: same weights, same numerics.
-        shared = self.generator.model is self.policy and cfg.model.dtype == "float32"
+        shared = cfg.rollout.backend != "vllm" and cfg.model.dtype == "float32"
         self.reuse_rollout_logprobs = cfg.train.old_logprobs == "rollout" or (cfg.train.old_logprobs == "auto" and shared)
         r = cfg.resilience
         self.rewards = RewardPool(cfg.reward.fn, r.reward_workers, r.reward_timeout_s, r.reward_max_failures)
@@ -456,6 +452,21 @@ class Trainer:
         return True
 
     # ---------------------------------------------------------------- helpers
+    def _generator(self):
+        """The rollout backend of ``rollout.backend``; vLLM is imported only when chosen."""
+        r = self.cfg.rollout
+        if r.backend == "fast":
+            static = None if r.cuda_graph else False  # None: graphs on CUDA only
+            return FastGenerator(self.policy, self.pad_id, self.eos_id, static_shapes=static)
+        if r.backend == "hf":
+            return HFGenerator(self.policy, self.pad_id, self.eos_id)
+        from reasonrl.rollout.vllm import VLLMGenerator
+
+        return VLLMGenerator(
+            self.policy, self.model_dir, self.pad_id, self.eos_id, self.cfg.model.dtype,
+            r.vllm_gpu_memory_utilization, r.vllm_max_model_len, self.cfg.run.seed,
+        )
+
     def _tokenize(self, prompts: list[Prompt], source: str) -> list[list[int]]:
         limit = self.cfg.data.max_prompt_len
         ids = self.tokenizer([render_prompt(p, self.tokenizer) for p in prompts])["input_ids"]

@@ -14,8 +14,9 @@ class Generator(Protocol):
 
     ``prompts`` are token id lists (no padding). The result's row ``i * n + j`` is sample
     j of prompt i; ``generator`` seeds all sampling so that a call is reproducible.
-    The built-in backends sample with the trainer's own module (``model``), so they see
-    every update without a weight sync.
+    ``model`` is the trainer's module: the built-in backends (``fast``, ``hf``) sample with
+    it, so they see every update without a weight sync; the vLLM backend copies its
+    parameters into its own engine when they changed (:mod:`reasonrl.rollout.vllm`).
     """
 
     model: torch.nn.Module

@@ -148,6 +148,8 @@ def test_missing_recipe(tmp_path):
         (["train.micro_batch_tokens=-1"], "train.micro_batch_tokens = -1: must be >= 0"),
         (["train.skip_zero_advantage=maybe"], "train.skip_zero_advantage"),
         (["rollout.cuda_graph=maybe"], "rollout.cuda_graph = 'maybe': expected true or false"),
+        (["rollout.backend=sglang"], "rollout.backend = 'sglang': expected one of 'hf', 'fast', 'vllm'"),
+        (["rollout.vllm_gpu_memory_utilization=0"], "rollout.vllm_gpu_memory_utilization = 0.0: must be in (0, 1]"),
         (
             ["algo.overlong_buffer=32"],
             "algo.overlong_buffer = 32: the overlong buffer must be shorter than the max response "

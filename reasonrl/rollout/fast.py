@@ -151,6 +151,8 @@ class FastGenerator:
     number per live row and step vs one per row and step).
     """
 
+    samples_with_model = True
+
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, static_shapes: bool | None = None) -> None:
         try:
             self.decoder = LeanDecoder(model)

@@ -88,6 +88,8 @@ class HFGenerator:
     device.
     """
 
+    samples_with_model = True
+
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int) -> None:
         self.model = model
         self.pad_id = pad_id

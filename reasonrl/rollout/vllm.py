@@ -56,6 +56,8 @@ class VLLMGenerator:
     ``max_position_embeddings``).
     """
 
+    samples_with_model = False  # its own copy of the weights, its own kernels
+
     def __init__(
         self,
         policy: torch.nn.Module,

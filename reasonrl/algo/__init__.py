@@ -8,21 +8,26 @@ from reasonrl.algo.aggregate import AGG_MODES, agg_normaliser, aggregate, masked
 from reasonrl.algo.evaluation import pass_at_k
 from reasonrl.algo.filters import group_outcomes, keep_groups
 from reasonrl.algo.losses import KL_KINDS, entropy_from_logits, kl_penalty, ppo_clip, token_logprobs, value_loss
+from reasonrl.algo.off_policy import IS_WEIGHTS, behaviour_metrics, importance_ratio, masked_is_weights, truncated_is_weights
 from reasonrl.algo.shaping import overlong_filter_mask, overlong_penalty
 
 __all__ = [
     "AGG_MODES",
+    "IS_WEIGHTS",
     "KL_KINDS",
     "agg_normaliser",
     "aggregate",
+    "behaviour_metrics",
     "dr_grpo",
     "entropy_from_logits",
     "gae",
     "group_outcomes",
     "grpo",
+    "importance_ratio",
     "keep_groups",
     "kl_penalty",
     "lite_ppo",
+    "masked_is_weights",
     "masked_mean",
     "masked_var",
     "masked_whiten",
@@ -34,5 +39,6 @@ __all__ = [
     "reinforce_pp",
     "rloo",
     "token_logprobs",
+    "truncated_is_weights",
     "value_loss",
 ]

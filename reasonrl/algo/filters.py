@@ -12,10 +12,11 @@ def _group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def keep_groups(metric: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """DAPO dynamic sampling: keep[i] = (max_{j in g(i)} x_j > min_{j in g(i)} x_j).
+    """DAPO dynamic sampling: keep[i] = (max_{j in g(i)} x_j > min_{j in g(i)} x_j) or |g(i)| = 1.
 
-    Rows whose group's metric values are not all equal are kept; groups with std 0
-    (all correct, all wrong, and every group of one) are dropped. Returns bool [B].
+    Rows whose group's metric values are not all equal are kept, and so is every group of
+    one sample (as verl's DAPO filter keeps it: its std is undefined, not zero); groups of
+    two or more with std 0 (all correct, all wrong) are dropped. Returns bool [B].
     """
     values = torch.as_tensor(metric)
     if values.dtype == torch.bool:
@@ -25,7 +26,8 @@ def keep_groups(metric: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     empty = torch.zeros(n_groups, dtype=values.dtype, device=values.device)
     high = empty.scatter_reduce(0, inverse, values, reduce="amax", include_self=False)
     low = empty.scatter_reduce(0, inverse, values, reduce="amin", include_self=False)
-    return (high > low)[inverse]
+    sizes = torch.zeros(n_groups, dtype=torch.int64, device=values.device).index_add_(0, inverse, torch.ones_like(inverse))
+    return ((high > low) | (sizes == 1))[inverse]
 
 
 def group_outcomes(acc: torch.Tensor, group_ids: torch.Tensor) -> tuple[int, int, int]:

@@ -25,6 +25,7 @@ def ppo_clip(
     agg: str = "token-mean",
     horizon: int | None = None,
     total: float | torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and optional dual clip.
 
@@ -32,6 +33,8 @@ def ppo_clip(
       ratio = exp(clamp(logp - old, -20, 20))   (the clamp only guards exp against overflow)
       l1 = -A * ratio,  l2 = -A * clip(ratio, 1 - eps_low, 1 + eps_high),  l = max(l1, l2)
       dual clip, constant c > 1 (Ye et al. 2020): where A < 0, l = min(l, -A * c)
+      off-policy correction: l = w * l with detached per-token ``weights`` w
+      (:mod:`reasonrl.algo.off_policy`; None: w = 1)
       loss = aggregate(l, m, agg)
     metrics (0-dim, detached, over valid tokens):
       pg_clipfrac       = masked_mean[l2 > l1]
@@ -53,6 +56,8 @@ def ppo_clip(
         negative = advantages < 0
         per_token = torch.where(negative, torch.minimum(clipped, loss3), clipped)
         clipfrac_lower = masked_mean(((clipped > loss3) & negative).to(clipped.dtype), mask)
+    if weights is not None:
+        per_token = per_token * weights.detach()
     loss = aggregate(per_token, mask, agg, horizon=horizon, total=total)
     metrics = {
         "pg_clipfrac": masked_mean((loss2 > loss1).to(clipped.dtype), mask).detach(),

@@ -35,10 +35,10 @@ def test_overlong_filter_mask_hand():
 
 
 def test_keep_groups_hand():
-    # 10: [1, 0] mixed -> keep; -2: [1, 1] -> drop; 99: [0] alone -> drop; 7: [.5, .5, .25] -> keep
+    # 10: [1, 0] mixed -> keep; -2: [1, 1] -> drop; 99: [0] alone -> keep (as verl); 7: [.5, .5, .25] -> keep
     metric = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.5, 0.5, 0.25])
     ids = torch.tensor([10, 10, -2, -2, 99, 7, 7, 7])
-    assert keep_groups(metric, ids).tolist() == [True, True, False, False, False, True, True, True]
+    assert keep_groups(metric, ids).tolist() == [True, True, False, False, True, True, True, True]
     # bool metric
     assert keep_groups(torch.tensor([True, True, False, True]), torch.tensor([1, 2, 2, 1])).tolist() == [
         False,
@@ -57,7 +57,7 @@ def test_keep_groups_matches_loop():
         members = defaultdict(list)
         for i, gid in enumerate(ids):
             members[gid].append(float(metric[i]))
-        ref = [len(set(members[gid])) > 1 for gid in ids]
+        ref = [len(set(members[gid])) > 1 or len(members[gid]) == 1 for gid in ids]
         assert keep_groups(metric, torch.tensor(ids)).tolist() == ref
 
 

@@ -81,7 +81,7 @@ def warm_setup(pool: int):
     """(generator, score, prompts, params) for the embedded warm start and dapo_score."""
     os.environ.setdefault("REASONRL_CACHE", "/tmp/rrcache")
     from reasonrl import config
-    from reasonrl.controller import load_splits
+    from reasonrl.data.splits import load_splits
     from reasonrl.data.datasets import render_prompt
     from reasonrl.data.model import load_model, load_tokenizer
     from reasonrl.data.sft import ensure_warm_start

@@ -35,7 +35,7 @@ def train_args(run_dir: str, seed: int, steps: int) -> list[str]:
 
 def paired(seed: int, steps: int, root: str) -> float:
     """Supervisor wall time minus the trainer child's lifetime, as a fraction of the former."""
-    from reasonrl.supervisor import RestartPolicy, supervise
+    from reasonrl.resilience.supervisor import RestartPolicy, supervise
 
     run_dir = os.path.join(root, f"paired-{seed}")
     lifetimes = os.path.join(root, f"lifetimes-{seed}")

@@ -36,22 +36,27 @@ def main() -> None:
     import vllm
 
     from reasonrl.config import load
-    from reasonrl.controller import Trainer
+    from reasonrl.data.model import load_model, load_tokenizer
+    from reasonrl.data.sft import resolve_model_dir
+    from reasonrl.data.splits import load_splits, tokenize_prompts
+    from reasonrl.rollout.fast import FastGenerator
+    from reasonrl.types import SamplingParams
+    from reasonrl.workers import RolloutWorker
+    from rollout import timed_generate  # bench/rollout.py: the device's queued work included
 
     torch.set_num_threads(args.threads)
     cfg = load(str(ROOT / "recipes" / "grpo.yaml"), [
         "run.dir=/tmp/reasonrl-bench-vllm", "run.progress=false", f"run.threads={args.threads}", f"run.device={args.device}",
         "algo.kl_loss_coef=0", "rollout.backend=vllm", f"rollout.max_new_tokens={args.max_new_tokens}",
     ])
-    trainer = Trainer(cfg, log=lambda *a: None)
-    from reasonrl.rollout.fast import FastGenerator
-    from reasonrl.types import SamplingParams
-    from rollout import timed_generate  # bench/rollout.py: the device's queued work included
-
-    fast = FastGenerator(trainer.policy, trainer.pad_id, trainer.eos_id)
-    prompts = trainer.train_ids[: args.prompts]
+    model_dir = resolve_model_dir(cfg, log=lambda *a: None)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, cfg.model.dtype, args.device)
+    fast = FastGenerator(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    train, _ = load_splits(cfg)
+    prompts = tokenize_prompts(train[: args.prompts], tokenizer, cfg.data.max_prompt_len, cfg.data.source)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
-    backends = {"vllm": trainer.generator, "fast": fast}
+    backends = {"vllm": RolloutWorker(cfg, model_dir), "fast": fast}
 
     def tokens_per_s(generator, seed):
         seconds, batch = timed_generate(generator, prompts, args.samples, params, seed)
@@ -67,7 +72,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "vllm_rollout",
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-        "params": sum(p.numel() for p in trainer.policy.parameters()),
+        "params": sum(p.numel() for p in model.parameters()),
         "threads": torch.get_num_threads(),
         "batch": args.prompts * args.samples,
         "max_new_tokens": args.max_new_tokens,

@@ -16,15 +16,15 @@ fp32; step times are then taken after a device synchronisation.
 Each system runs in its own worker process; the driver alternates them in blocks of
 ``--block`` steps (ABBA order: the one that goes first changes every block), so both see the
 same machine noise, and repeats over ``--seeds``. A paused worker waits on a pipe and uses no
-CPU. Held-out accuracy is measured for both by the same code: a reasonrl ``Trainer`` built on
-the warm start (``Trainer.validate()``: ``eval.n_prompts`` held-out prompts x ``eval.k``
+CPU. Held-out accuracy is measured for both by the same code: reasonrl's evaluation over a
+rollout worker on the warm start (``reasonrl.evaluation.Evaluator``: ``eval.n_prompts`` held-out prompts x ``eval.k``
 samples at temperature 1), into which the policy being measured is copied with
 ``load_state_dict``; at step s both systems are evaluated with the same sampling seed.
 
 Figures (medians over all measured steps of all seeds):
 
 - ``*_completions_per_s``: prompts x samples / wall seconds of one training step (generate,
-  reward, log-probs, update). reasonrl: ``Trainer.step()``. TRL: ``on_step_begin`` to
+  reward, log-probs, update). reasonrl: ``Controller.step()``. TRL: ``on_step_begin`` to
   ``on_step_end`` of its training loop (its best case; ``trl_cycle_*`` adds the loop's
   logging and batch fetching between steps).
 - ``*_time_to_target_s``: training wall seconds (step times summed; set-up and evaluation
@@ -165,23 +165,30 @@ class Channel:
 
 
 class Evaluator:
-    """reasonrl's ``Trainer.validate()`` on a copy of the measured policy's weights."""
+    """reasonrl's evaluation (``reasonrl.evaluation.Evaluator``, as ``reasonrl train`` validates)
+    of the measured policy's weights, loaded into a rollout worker of its own."""
 
     def __init__(self, spec: dict) -> None:
         from reasonrl.config import load
-        from reasonrl.controller import Trainer
+        from reasonrl.data.model import load_tokenizer
+        from reasonrl.data.sft import resolve_model_dir
+        from reasonrl.data.splits import load_splits, tokenize_prompts
+        from reasonrl.evaluation import Evaluator as HeldOut
+        from reasonrl.workers import RewardWorker, RolloutWorker
 
-        self.trainer = Trainer(load(str(RECIPE), eval_overrides(spec)), log=log)
+        cfg = load(str(RECIPE), eval_overrides(spec))
+        model_dir = resolve_model_dir(cfg, log)
+        _, test = load_splits(cfg)
+        ids = tokenize_prompts(test, load_tokenizer(model_dir), cfg.data.max_prompt_len, cfg.data.source)
+        self.rollout = RolloutWorker(cfg, model_dir)
+        self.held_out = HeldOut(cfg, self.rollout, RewardWorker(cfg, model_dir), test, ids)
 
     def __call__(self, model, step: int) -> dict:
-        import torch
+        from reasonrl.types import WeightsUpdate
 
         start = time.perf_counter()
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.trainer.policy.load_state_dict(state)
-        self.trainer.step_count = step  # validate() seeds its sampling with run.seed and the step
-        with torch.no_grad():
-            out = self.trainer.validate()
+        self.rollout.load_weights(WeightsUpdate(step, {k: v.detach() for k, v in model.named_parameters()}))
+        out = self.held_out.run(step)  # seeded with run.seed and the step
         return {"step": step, "val_acc": out["val/acc"], "eval_s": time.perf_counter() - start}
 
 
@@ -190,14 +197,15 @@ def worker_reasonrl(spec: dict) -> None:
     setup = time.perf_counter()
     evaluate = Evaluator(spec)
     from reasonrl.config import load
-    from reasonrl.controller import Trainer
+    from reasonrl.controller import Controller
 
-    trainer = Trainer(load(str(RECIPE), reasonrl_overrides(spec)), log=log)
-    eval0 = evaluate(trainer.policy, 0)
+    trainer = Controller(load(str(RECIPE), reasonrl_overrides(spec)), log=log)
+    [policy] = trainer.policy.workers
+    eval0 = evaluate(policy.module, 0)
     import torch
 
     checks = {"torch_threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled(),
-              "model_dtype": str(next(trainer.policy.parameters()).dtype), "rollout_backend": trainer.cfg.rollout.backend,
+              "model_dtype": str(next(policy.module.parameters()).dtype), "rollout_backend": trainer.cfg.rollout.backend,
               "mini_batch_size": trainer.cfg.train.mini_batch_size, "micro_batch_size": trainer.cfg.train.micro_batch_size,
               "micro_batch_tokens": trainer.cfg.train.micro_batch_tokens,
               "skip_zero_advantage": trainer.cfg.train.skip_zero_advantage}
@@ -206,7 +214,7 @@ def worker_reasonrl(spec: dict) -> None:
     while True:
         cmd, k = ch.receive()
         if cmd == "eval":  # the driver stopped early (wall budget): evaluate where training stands
-            ch.send({"steps": [], "evals": [evaluate(trainer.policy, step)]})
+            ch.send({"steps": [], "evals": [evaluate(policy.module, step)]})
             continue
         if cmd != "run":
             return
@@ -234,7 +242,7 @@ def worker_reasonrl(spec: dict) -> None:
                 }
             )
             if step % spec["eval_every"] == 0 or step == spec["steps"]:
-                evals.append(evaluate(trainer.policy, step))
+                evals.append(evaluate(policy.module, step))
         ch.send({"steps": steps, "evals": evals})
 
 
@@ -250,7 +258,7 @@ def worker_trl(spec: dict) -> None:
     from transformers import TrainerCallback
 
     from reasonrl.config import load
-    from reasonrl.controller import load_splits
+    from reasonrl.data.splits import load_splits
     from reasonrl.data.model import load_model, load_tokenizer
     from reasonrl.reward.math import dapo_score
 

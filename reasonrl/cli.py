@@ -35,12 +35,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     recipe = _recipe(args.recipe)
     cfg = load(recipe, args.overrides)
     if args.no_supervisor or not cfg.resilience.supervise:
-        from reasonrl.controller import Trainer
+        from reasonrl.controller import Controller
 
-        last = Trainer(cfg).run()
+        last = Controller(cfg).run()
         print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith("val/")}))
         return 0
-    from reasonrl.supervisor import train_supervised
+    from reasonrl.resilience.supervisor import train_supervised
 
     return train_supervised(cfg, [sys.executable, "-m", "reasonrl.cli", "train", "--no-supervisor", str(recipe), *args.overrides])
 
@@ -56,20 +56,19 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from reasonrl.controller import Trainer
+    from reasonrl.evaluation import evaluate
 
     cfg = load(_recipe(args.recipe), args.overrides)
-    print(json.dumps({k: round(v, 4) for k, v in Trainer(cfg).validate().items()}))
+    print(json.dumps({k: round(v, 4) for k, v in evaluate(cfg).items()}))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from reasonrl.controller import Trainer
+    from reasonrl.controller import Controller
     from reasonrl.report import write_report
 
     cfg = load(RECIPES / "dapo.yaml", ["run.dir=runs/demo", *args.overrides])
-    trainer = Trainer(cfg)
-    last = trainer.run()
+    last = Controller(cfg).run()
     from reasonrl.metrics import read_jsonl
 
     rows = [r for r in read_jsonl(Path(cfg.run.dir) / "metrics.jsonl") if "val/acc" in r]
@@ -85,7 +84,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_drill(args: argparse.Namespace) -> int:
     """Rehearse every fault kind on the embedded demo; print and save the table."""
-    from reasonrl.drill import format_table, run_drill
+    from reasonrl.resilience.drill import format_table, run_drill
 
     root = Path(args.dir)
     rows, ettr = run_drill(args.overrides, root, args.steps, RECIPES / "dapo.yaml")

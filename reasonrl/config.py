@@ -122,6 +122,23 @@ class RolloutConfig:
     vllm_max_model_len: Optional[int] = None
     """backend=vllm: the longest prompt + response its cache must hold; null: the model's
     max_position_embeddings."""
+    mode: Literal["sync", "async", "lockstep"] = "sync"
+    """'sync': each batch is generated when the trainer asks for it, with its current weights.
+    'async': a rollout process generates ahead with its own copy of the weights, within
+    max_staleness, taking up each new version before its next generation call. 'lockstep':
+    like async, but batch n is generated with exactly version max(0, n - max_staleness):
+    deterministic (tests, exact resume). At max_staleness 0 all three give the same run."""
+    max_staleness: int = 0
+    """async/lockstep: the most versions a trained group may lag the trainer (train version -
+    the oldest version among its tokens); older groups are dropped and counted. > 0 needs
+    algo.off_policy bypass, tis or decoupled."""
+    interrupt: bool = False
+    """async with the fast backend: a new version interrupts the generation in flight, whose
+    unfinished samples go on with the new weights (partial rollouts; every token keeps the
+    version that sampled it). false: new weights wait for the next generation call."""
+    threads: int = 0
+    """async/lockstep: torch threads of the rollout process; 0: the trainer's count (run.threads,
+    or this machine's cores). On a small machine, split the cores between the two."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +182,15 @@ class AlgoConfig:
     """Soft overlong punishment: length of the buffer before max_new_tokens; 0 disables."""
     overlong_penalty: float = 1.0
     """Penalty at the hard limit (linear ramp over the buffer)."""
+    off_policy: Literal["none", "bypass", "tis", "decoupled"] = "none"
+    """Correction for samples drawn by other weights than the trained ones (stale or other
+    numerics): 'none' (train.old_logprobs decides the PPO anchor); 'bypass' (the anchor is the
+    behaviour policy itself: the sampling log-probs, never recomputed); 'tis' (anchor recomputed
+    at the start of the update, token loss times min(pi_old / mu, tis_cap)); 'decoupled'
+    (decoupled PPO: clip around the recomputed proximal policy, weight pi_prox / mu, tokens
+    above tis_cap masked). Formulas in reasonrl/algo/off_policy.py."""
+    tis_cap: float = 2.0
+    """The importance-weight cap C of algo.off_policy tis (truncation) and decoupled (masking)."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +282,11 @@ class ResilienceConfig:
     """A sample whose reward takes longer is scored as failed."""
     reward_max_failures: int = 64
     """Consecutive failed reward calls before the run stops with an error."""
+    rollout_timeout_s: float = 600.0
+    """rollout.mode async/lockstep: a rollout process that delivers no batch for this long is
+    killed and restarted (and so is one that dies)."""
+    rollout_restarts: int = 3
+    """Restarts of the rollout process before the run stops with an error."""
 
 
 @dataclass(frozen=True)
@@ -272,7 +303,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     faults: tuple[str, ...] = ()
-    """Injected faults ``kind@step[:key=value...]`` for drills (reasonrl/faults.py)."""
+    """Injected faults ``kind@step[:key=value...]`` for drills (reasonrl/resilience/faults.py)."""
 
 
 class ConfigError(ValueError):
@@ -339,8 +370,20 @@ def validate(cfg: Config) -> None:
              f"the overlong buffer must be shorter than the max response (rollout.max_new_tokens = {r.max_new_tokens})")
     _require(r.n >= 2 or a.adv_estimator not in _GROUP_RELATIVE, "rollout.n", r.n,
              f"group-relative estimators need at least 2 samples per prompt (algo.adv_estimator = {a.adv_estimator!r})")
-    _require(r.n >= 2 or not a.dynamic_sampling, "rollout.n", r.n,
-             "dynamic sampling needs at least 2 samples per prompt (algo.dynamic_sampling = true)")
+    _require(r.mode != "sync" or r.max_staleness == 0, "rollout.max_staleness", r.max_staleness,
+             "synchronous rollouts are never stale; set rollout.mode=async or lockstep to generate ahead")
+    _require(r.max_staleness == 0 or a.off_policy != "none", "rollout.max_staleness", r.max_staleness,
+             "training on samples from older weights without a correction collapses (AReaL: AIME24 42.0 -> 23.3 "
+             "at staleness 4); set algo.off_policy to bypass, tis or decoupled")
+    _require(not r.interrupt or (r.mode == "async" and r.backend == "fast"), "rollout.interrupt", r.interrupt,
+             f"partial rollouts need rollout.mode=async and rollout.backend=fast (got {r.mode!r}, {r.backend!r})")
+    _require(r.mode == "sync" or cfg.resilience.rollout_workers == 1, "resilience.rollout_workers",
+             cfg.resilience.rollout_workers, f"rollout.mode={r.mode} runs one rollout process; several rollout workers "
+             "sharing a batch are for rollout.mode=sync")
+    _require(a.off_policy != "bypass" or t.old_logprobs != "recompute", "train.old_logprobs", t.old_logprobs,
+             "algo.off_policy=bypass takes the sampling log-probs as the anchor; recompute contradicts it")
+    _require(a.off_policy not in ("tis", "decoupled") or t.old_logprobs != "rollout", "train.old_logprobs",
+             t.old_logprobs, f"algo.off_policy={a.off_policy} recomputes the anchor at the start of the update")
     _require(s.hidden_size % s.heads == 0, "sft.heads", s.heads, f"must divide sft.hidden_size = {s.hidden_size}")
     _require(s.heads % s.kv_heads == 0, "sft.kv_heads", s.kv_heads, f"must divide sft.heads = {s.heads}")
 
@@ -418,6 +461,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.max_new_tokens": _AT_LEAST_1,
     "rollout.vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rollout.vllm_max_model_len": (lambda v: v is None or v >= 2, "null or >= 2"),
+    "rollout.max_staleness": _NON_NEGATIVE,
+    "rollout.threads": _NON_NEGATIVE,
     "algo.eps_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "algo.eps_high": _NON_NEGATIVE,
     "algo.dual_clip": (lambda v: v is None or v > 1, "null or > 1"),
@@ -429,6 +474,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "algo.oversample": (lambda v: v >= 1, ">= 1"),
     "algo.overlong_buffer": _NON_NEGATIVE,
     "algo.overlong_penalty": _NON_NEGATIVE,
+    "algo.tis_cap": (lambda v: v >= 1, ">= 1"),
     "train.total_steps": _AT_LEAST_1,
     "train.prompts_per_step": _AT_LEAST_1,
     "train.ppo_epochs": _AT_LEAST_1,
@@ -446,6 +492,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "eval.temperature": _POSITIVE,
     "checkpoint.every_steps": _NON_NEGATIVE,
     "checkpoint.keep": _AT_LEAST_1,
+    "resilience.rollout_timeout_s": _POSITIVE,
+    "resilience.rollout_restarts": _NON_NEGATIVE,
 }
 """Single-key rules: dotted key -> (predicate, what is allowed). Checked in this order,
 before the cross-key rules in ``validate`` (which may then divide by the sizes)."""

@@ -139,6 +139,37 @@ def _scalar(key: str, value: Any) -> int | float:
         raise TypeError(f"metric {key!r}: expected a number, got {value!r}") from err
 
 
+class StepLog:
+    """A JSONL file of one row per step (``{"step": N, ...}``), appended durably, that a resume
+    cuts back to the checkpoint's step (rows of steps that will be redone go).
+
+    Opening a file that ends in a partial line (a kill mid-write) drops that line.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_partial_line(self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def log(self, step: int, row: dict[str, Any]) -> None:
+        """Append ``{"step": step, **row}``, flushed and fsynced."""
+        _append_line(self._file, {"step": step, **row})
+
+    def truncate_after(self, step: int) -> list[dict[str, Any]]:
+        """Keep only rows with ``row["step"] <= step`` (atomic rewrite); return the kept rows."""
+        rows = read_jsonl(self.path)
+        kept = [row for row in rows if row["step"] <= step]
+        if len(kept) < len(rows):
+            self._file.close()
+            _rewrite_jsonl(self.path, kept)
+            self._file = open(self.path, "a", encoding="utf-8")
+        return kept
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class MetricsSink:
     """Writes one row per step to ``metrics.jsonl``, TensorBoard and a progress bar.
 
@@ -157,19 +188,18 @@ class MetricsSink:
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / "metrics.jsonl"
+        self.rows = StepLog(self.run_dir / "metrics.jsonl")
+        self.path = self.rows.path
         self._tensorboard = tensorboard
         self._writer = None
         self._purge_step: int | None = None
         self._latest_val: float | None = None
-        _drop_partial_line(self.path)
-        self._file = open(self.path, "a", encoding="utf-8")
         self._bar = tqdm(total=total_steps, file=sys.stderr, unit="step", dynamic_ncols=True) if progress else None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append ``{"step": step, **metrics}`` durably, then update TensorBoard and the bar."""
         values = {key: _scalar(key, value) for key, value in metrics.items() if key != "step"}
-        _append_line(self._file, {"step": step, **values})
+        self.rows.log(step, values)
         if self._tensorboard:
             writer = self._tb_writer()
             for key, value in values.items():
@@ -181,12 +211,7 @@ class MetricsSink:
     def truncate_after(self, step: int) -> None:
         """Keep only rows with ``row["step"] <= step`` (atomic rewrite) and purge later
         TensorBoard events; a no-op on the file when no row is past ``step``."""
-        rows = read_jsonl(self.path)
-        kept = [row for row in rows if row["step"] <= step]
-        if len(kept) < len(rows):
-            self._file.close()
-            _rewrite_jsonl(self.path, kept)
-            self._file = open(self.path, "a", encoding="utf-8")
+        kept = self.rows.truncate_after(step)
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -198,7 +223,7 @@ class MetricsSink:
 
     def close(self) -> None:
         """Close the file, the TensorBoard writer and the progress bar."""
-        self._file.close()
+        self.rows.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None

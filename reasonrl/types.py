@@ -7,7 +7,8 @@ first response token of every row sits at column P of ``prompt_ids ++ response_i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -54,6 +55,8 @@ class RolloutBatch:
     eos:           [B] bool, the sample ended with the EOS token
     truncated:     [B] bool, the sample hit max_new_tokens without EOS
     group_ids:     [B] long, index of the prompt the sample answers
+    versions:      [B, T] long, the policy version whose weights sampled each token (a
+                   rollout interrupted by a weight update holds two or more; 0 on padding)
     """
 
     prompt_ids: torch.Tensor
@@ -64,10 +67,15 @@ class RolloutBatch:
     eos: torch.Tensor
     truncated: torch.Tensor
     group_ids: torch.Tensor
+    versions: torch.Tensor
 
     @property
     def size(self) -> int:
         return self.response_ids.shape[0]
+
+    def oldest_versions(self) -> torch.Tensor:
+        """[B] long: the oldest version among each row's generated tokens."""
+        return self.versions.masked_fill(self.response_mask == 0, torch.iinfo(torch.long).max).amin(-1)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -98,6 +106,7 @@ class RolloutBatch:
             parts["response_ids"].append(pad(r.response_ids, (0, rp), value=pad_id))
             parts["response_mask"].append(pad(r.response_mask, (0, rp)))
             parts["logprobs"].append(pad(r.logprobs, (0, rp)))
+            parts["versions"].append(pad(r.versions, (0, rp)))
             parts["eos"].append(r.eos)
             parts["truncated"].append(r.truncated)
             parts["group_ids"].append(r.group_ids + offset)
@@ -114,6 +123,7 @@ _ROLLOUT_FIELDS = (
     "eos",
     "truncated",
     "group_ids",
+    "versions",
 )
 
 
@@ -126,6 +136,7 @@ class ScoredBatch:
     scores:       [B] float, sequence-level reward (after any length shaping)
     acc:          [B] bool, the answer was correct
     failed:       [B] bool, the reward function raised or timed out
+    errors:       one line per failed sample (``"sample i: ..."``, i its row when scored)
     """
 
     rollout: RolloutBatch
@@ -134,15 +145,16 @@ class ScoredBatch:
     scores: torch.Tensor
     acc: torch.Tensor
     failed: torch.Tensor
+    errors: list[str] = field(default_factory=list)
 
     @property
     def size(self) -> int:
         return self.rollout.size
 
     def select(self, index: torch.Tensor) -> "ScoredBatch":
+        """Rows ``index`` (a [K] long tensor); ``errors`` stay with the batch that was scored."""
         rows = index.tolist()
-        return replace(
-            self,
+        return ScoredBatch(
             rollout=self.rollout.select(index),
             prompts=[self.prompts[i] for i in rows],
             texts=[self.texts[i] for i in rows],
@@ -163,6 +175,7 @@ class ScoredBatch:
             scores=torch.cat([b.scores for b in batches]),
             acc=torch.cat([b.acc for b in batches]),
             failed=torch.cat([b.failed for b in batches]),
+            errors=[e for b in batches for e in b.errors],
         )
 
 
@@ -171,11 +184,15 @@ class TrainBatch:
     """A scored batch with everything the update needs. All [B, T] tensors are 0 on padding.
 
     loss_mask:     [B, T] float, response mask with overlong-filtered samples zeroed
-    old_logprobs:  [B, T] float, log-probs under the policy that generated the batch
+    old_logprobs:  [B, T] float, log-probs under the PPO anchor: the behaviour policy that
+                   sampled the batch (``algo.off_policy`` none or bypass) or the trainer's
+                   weights at the start of the update (tis, decoupled: the proximal policy)
     advantages:    [B, T] float
     ref_logprobs:  [B, T] float, under the frozen reference (None without a KL loss)
     values:        [B, T] float, critic values at generation time (None without a critic)
     returns:       [B, T] float, critic targets (None without a critic)
+    is_weights:    [B, T] float, detached importance weights from the behaviour policy to
+                   ``old_logprobs`` that multiply each token's policy loss (None: no correction)
     """
 
     scored: ScoredBatch
@@ -185,3 +202,39 @@ class TrainBatch:
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+
+
+@dataclass
+class WeightsUpdate:
+    """The policy's weights at one version, as the trainer publishes them to rollout workers.
+
+    version:  how many updates the weights have had (``PolicyWorker.version``)
+    tensors:  parameter name -> tensor (in the trainer's process: the live parameters,
+              detached; never modify them)
+
+    Pickled (to another process) as one flat buffer per dtype plus the names and shapes,
+    so a version crosses a process boundary as a single transfer, never one per parameter.
+    """
+
+    version: int
+    tensors: dict[str, torch.Tensor]
+
+    def __getstate__(self) -> dict[str, Any]:
+        layout, buckets = [], {}
+        for dtype in dict.fromkeys(t.dtype for t in self.tensors.values()):
+            names = [k for k, t in self.tensors.items() if t.dtype == dtype]
+            flat = [self.tensors[k].detach().reshape(-1).to("cpu") for k in names]
+            buckets[str(dtype)] = torch.cat(flat) if flat else torch.empty(0, dtype=dtype)
+            layout += [(k, str(dtype), tuple(self.tensors[k].shape)) for k in names]
+        return {"version": self.version, "layout": layout, "buckets": buckets}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        offsets = dict.fromkeys(state["buckets"], 0)
+        tensors = {}
+        for name, dtype, shape in state["layout"]:
+            count = math.prod(shape)
+            start = offsets[dtype]
+            tensors[name] = state["buckets"][dtype][start : start + count].view(shape)
+            offsets[dtype] = start + count
+        self.version, self.tensors = state["version"], tensors

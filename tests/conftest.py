@@ -52,6 +52,7 @@ def synthetic_rollout(B: int = 8, P: int = 5, T: int = 7, seed: int = 0) -> Roll
         eos=torch.zeros(B, dtype=torch.bool),
         truncated=torch.ones(B, dtype=torch.bool),
         group_ids=torch.arange(B) // 4,
+        versions=torch.zeros((B, T), dtype=torch.long),
     )
 
 

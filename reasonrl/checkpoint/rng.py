@@ -69,3 +69,13 @@ def restore_rng(
         torch.cuda.set_rng_state(device_state, device)
     for name, generator in generators.items():
         generator.set_state(state["generators"][name])
+
+
+class ProcessRNG:
+    """This process's global generators (python, numpy, torch CPU and CUDA) as a registry entry."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng(state)

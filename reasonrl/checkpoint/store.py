@@ -72,50 +72,113 @@ class CheckpointInfo(NamedTuple):
     reason: str
 
 
-def save_checkpoint(
-    root: Path,
-    step: int,
-    tensors: dict[str, dict[str, torch.Tensor]],
-    state: dict[str, Any],
-    keep: int,
-    after_file: Callable[[Path], None] | None = None,
-) -> Path:
-    """Write ``root/step_<step>`` atomically and return its path.
+class CheckpointWriter:
+    """Writes committed checkpoints ``root/step_N`` atomically, keeping the newest ``keep``."""
 
-    ``tensors`` maps a part name to a state dict, saved as ``<part>.safetensors`` from
-    contiguous CPU clones (so tied or shared tensors are saved once per name). ``state``
-    holds everything else and may only contain what ``torch.load(weights_only=True)``
-    reads back: tensors, dicts, lists, tuples, sets, str, int, float, bool, None (a
-    TypeError names the first offending key before anything is written).
+    def __init__(self, root: Path, keep: int) -> None:
+        if type(keep) is not int or keep < 1:
+            raise ValueError(f"keep: expected an int >= 1, got {keep!r}")
+        self.root = Path(root)
+        self.keep = keep
 
-    Files go to a ``.tmp-`` directory, are fsynced, and the directory is renamed to
-    ``step_<step>`` (an existing one is renamed aside first and deleted after); the
-    ``COMMITTED`` marker is written last. Then retention keeps the newest ``keep``
-    committed checkpoints with a step <= ``step``: older ones, uncommitted ones, and
-    newer ones (left by a timeline the run rolled back from) are deleted, as are
-    ``.tmp-`` directories of dead writers.
+    def save(self, step: int, tensors: dict[str, dict[str, torch.Tensor]], state: dict[str, Any]) -> Path:
+        """Write ``root/step_<step>`` atomically and return its path.
 
-    On an OSError the temporary directory is removed, earlier checkpoints are untouched,
-    and CheckpointWriteError names the checkpoint path and the OS error. ``after_file``
-    is called with each file's path once it is written and fsynced (fault drills kill the
-    process there, mid-checkpoint).
-    """
-    root = Path(root)
-    _check_arguments(step, tensors, state, keep)
-    final = root / f"step_{step}"
-    tmp = _new_tmp_path(root, step)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
-        marker = _write_contents(tmp, step, tensors, state, after_file)
-        _publish(root, tmp, step, marker)
-    except OSError as err:
-        raise CheckpointWriteError(f"cannot write checkpoint {final}: {err}") from err
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        _in_flight.discard(tmp)
-    _apply_retention(root, step, keep)
-    return final
+        ``tensors`` maps a part name to a state dict, saved as ``<part>.safetensors`` from
+        contiguous CPU clones (so tied or shared tensors are saved once per name). ``state``
+        holds everything else and may only contain what ``torch.load(weights_only=True)``
+        reads back: tensors, dicts, lists, tuples, sets, str, int, float, bool, None (a
+        TypeError names the first offending key before anything is written).
+
+        Files go to a ``.tmp-`` directory, are fsynced, and the directory is renamed to
+        ``step_<step>`` (an existing one is renamed aside first and deleted after); the
+        ``COMMITTED`` marker is written last. Then retention keeps the newest ``keep``
+        committed checkpoints with a step <= ``step``: older ones, uncommitted ones, and
+        newer ones (left by a timeline the run rolled back from) are deleted, as are
+        ``.tmp-`` directories of dead writers.
+
+        On an OSError the temporary directory is removed, earlier checkpoints are untouched,
+        and CheckpointWriteError names the checkpoint path and the OS error.
+        """
+        root = self.root
+        _check_arguments(step, tensors, state)
+        final = root / f"step_{step}"
+        tmp = _new_tmp_path(root, step)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+            marker = self._write_contents(tmp, step, tensors, state)
+            self._publish(tmp, step, marker)
+        except OSError as err:
+            raise CheckpointWriteError(f"cannot write checkpoint {final}: {err}") from err
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _in_flight.discard(tmp)
+        _apply_retention(root, step, self.keep)
+        return final
+
+    def write_file(self, path: Path, write: Callable[[Any], Any]) -> None:
+        """Create ``path``, fill it with ``write(file)``, and fsync it."""
+        try:
+            with open(path, "xb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            if err.filename is None:
+                err.filename = str(path)
+            raise
+
+    def _write_contents(self, tmp: Path, step: int, tensors: dict, state: dict) -> bytes:
+        """Write the parts, state.pt and manifest.json into ``tmp``; return the marker bytes."""
+        for part, state_dict in tensors.items():
+            clones = {
+                name: t.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
+                for name, t in state_dict.items()
+            }
+            data = safetensors_bytes(clones)
+            del clones
+            self.write_file(tmp / f"{part}.safetensors", lambda f: f.write(data))
+            del data
+        self.write_file(tmp / STATE_FILE, lambda f: torch.save(state, f))
+        names = [f"{part}.safetensors" for part in tensors] + [STATE_FILE]
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "parts": sorted(tensors),
+            "files": {name: _describe(tmp / name) for name in names},
+        }
+        raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+        self.write_file(tmp / MANIFEST, lambda f: f.write(raw))
+        _fsync_dir(tmp)
+        return hashlib.sha256(raw).hexdigest().encode() + b"\n"
+
+    def _publish(self, tmp: Path, step: int, marker: bytes) -> None:
+        """Rename ``tmp`` to ``root/step_<step>`` and commit it; on failure restore the old one."""
+        root = self.root
+        final = root / f"step_{step}"
+        aside = None
+        if os.path.lexists(final):
+            aside = _new_tmp_path(root, step)
+            os.rename(final, aside)
+        try:
+            os.rename(tmp, final)
+            try:
+                self.write_file(final / MARKER, lambda f: f.write(marker))
+                _fsync_dir(final)
+                _fsync_dir(root)
+            except BaseException:
+                os.rename(final, tmp)
+                raise
+        except BaseException:
+            if aside is not None:
+                os.rename(aside, final)
+                _in_flight.discard(aside)
+            raise
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+            _in_flight.discard(aside)
 
 
 def find_latest(root: Path) -> Path | None:
@@ -165,12 +228,10 @@ def load_checkpoint(
     return manifest["step"], tensors, state
 
 
-def _check_arguments(step: int, tensors: dict, state: dict, keep: int) -> None:
+def _check_arguments(step: int, tensors: dict, state: dict) -> None:
     """Reject bad arguments before anything touches the disk."""
     if type(step) is not int or step < 0:
         raise ValueError(f"step: expected an int >= 0, got {step!r}")
-    if type(keep) is not int or keep < 1:
-        raise ValueError(f"keep: expected an int >= 1, got {keep!r}")
     for part, state_dict in tensors.items():
         if not isinstance(part, str) or not _PART_RE.fullmatch(part):
             raise ValueError(f"tensors: part name {part!r} must match {_PART_RE.pattern}")
@@ -204,61 +265,6 @@ def _check_loadable(obj: Any, where: str) -> None:
             "str, int, float, bool or None (convert numpy arrays with torch.from_numpy or "
             ".tolist())"
         )
-
-
-def _write_contents(tmp: Path, step: int, tensors: dict, state: dict, after_file: Callable[[Path], None] | None) -> bytes:
-    """Write the parts, state.pt and manifest.json into ``tmp``; return the marker bytes."""
-    written = after_file or (lambda path: None)
-    for part, state_dict in tensors.items():
-        clones = {
-            name: t.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
-            for name, t in state_dict.items()
-        }
-        data = safetensors_bytes(clones)
-        del clones
-        _write_file(tmp / f"{part}.safetensors", lambda f: f.write(data))
-        written(tmp / f"{part}.safetensors")
-        del data
-    _write_file(tmp / STATE_FILE, lambda f: torch.save(state, f))
-    written(tmp / STATE_FILE)
-    names = [f"{part}.safetensors" for part in tensors] + [STATE_FILE]
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "step": step,
-        "parts": sorted(tensors),
-        "files": {name: _describe(tmp / name) for name in names},
-    }
-    raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
-    _write_file(tmp / MANIFEST, lambda f: f.write(raw))
-    _fsync_dir(tmp)
-    return hashlib.sha256(raw).hexdigest().encode() + b"\n"
-
-
-def _publish(root: Path, tmp: Path, step: int, marker: bytes) -> None:
-    """Rename ``tmp`` to ``root/step_<step>`` and commit it; on failure restore the old one."""
-    final = root / f"step_{step}"
-    aside = None
-    if os.path.lexists(final):
-        aside = _new_tmp_path(root, step)
-        os.rename(final, aside)
-    try:
-        os.rename(tmp, final)
-        try:
-            _write_file(final / MARKER, lambda f: f.write(marker))
-            _fsync_dir(final)
-            _fsync_dir(root)
-        except BaseException:
-            os.rename(final, tmp)
-            raise
-    except BaseException:
-        if aside is not None:
-            os.rename(aside, final)
-            _in_flight.discard(aside)
-        raise
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-        _in_flight.discard(aside)
 
 
 def _apply_retention(root: Path, step: int, keep: int) -> None:
@@ -397,19 +403,6 @@ def _load(path: Path, reader: Callable[[Path], Any]) -> Any:
         return reader(path)
     except Exception as err:
         raise CheckpointCorruptError(f"{path}: cannot be loaded: {err}") from err
-
-
-def _write_file(path: Path, write: Callable[[Any], Any]) -> None:
-    """Create ``path``, fill it with ``write(file)``, and fsync it."""
-    try:
-        with open(path, "xb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as err:
-        if err.filename is None:
-            err.filename = str(path)
-        raise
 
 
 def _fsync_dir(path: Path) -> None:

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from reasonrl.config import SFTConfig
+from reasonrl.config import Config, SFTConfig
 from reasonrl.data import tasks
 from reasonrl.data.model import build_tiny_model
 from reasonrl.data.tokenizer import build_char_tokenizer
@@ -31,6 +31,13 @@ from reasonrl.types import SamplingParams
 
 FORMAT_VERSION = 1
 """Bump when the task, tokenizer or training code changes what a cached model is."""
+
+
+def resolve_model_dir(cfg: Config, log: Callable[[str], None] = print) -> Path:
+    """The policy's model directory: the cached warm start for ``model.path=embedded``, else model.path."""
+    if cfg.model.path == "embedded":
+        return ensure_warm_start(cfg.sft, cfg.data.families, log)
+    return Path(cfg.model.path)
 
 
 def cache_root() -> Path:

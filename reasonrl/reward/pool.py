@@ -23,9 +23,6 @@ import torch
 
 from reasonrl.reward.base import FAILURE_SCORE, RewardFn, load_reward_fn, score_batch
 
-DRILLS = ("timeout", "error")
-"""Faults ``RewardPool.score(inject=...)`` can inject into a sample."""
-
 _START_TIMEOUT_S = 120.0
 _Result = tuple[float, bool, bool, str]  # score, acc, failed, error ("" when scored)
 
@@ -40,15 +37,10 @@ def _score_one(fn: RewardFn, text: str, truth: str) -> _Result:
     return scores.item(), bool(acc.item()), bool(failed.item()), errors[0].partition(": ")[2] if errors else ""
 
 
-def _injected_error(text: str, truth: str) -> dict:
-    """The reward function of an ``inject={i: "error"}`` drill."""
-    raise RuntimeError("injected reward error (fault drill)")
-
-
-def _worker_main(conn, fn_spec: str, timeout_s: float) -> None:
+def _worker_main(conn, fn_spec: str) -> None:
     """Worker loop: load the function and send ``""`` (or the error), then receive lists of
-    ``(index, text, truth, drill)`` and send one ``(index, *result)`` per sample as it is
-    scored; ``None`` or a closed pipe ends it."""
+    ``(index, text, truth)`` and send one ``(index, *result)`` per sample as it is scored;
+    ``None`` or a closed pipe ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     try:
         fn = load_reward_fn(fn_spec)
@@ -58,10 +50,8 @@ def _worker_main(conn, fn_spec: str, timeout_s: float) -> None:
     try:
         conn.send("")
         while (chunk := conn.recv()) is not None:
-            for index, text, truth, drill in chunk:
-                if drill == "timeout":
-                    time.sleep(2 * timeout_s + 1)
-                conn.send((index, *_score_one(_injected_error if drill == "error" else fn, text, truth)))
+            for index, text, truth in chunk:
+                conn.send((index, *_score_one(fn, text, truth)))
     except (EOFError, OSError):
         pass
 
@@ -70,9 +60,9 @@ class _Worker:
     """One worker process, the indices it was sent and not yet answered, and when the one it
     is scoring now times out."""
 
-    def __init__(self, ctx, fn_spec: str, timeout_s: float) -> None:
+    def __init__(self, ctx, fn_spec: str) -> None:
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child_conn, fn_spec, timeout_s), name="reasonrl-reward",
+        self.proc = ctx.Process(target=_worker_main, args=(child_conn, fn_spec), name="reasonrl-reward",
                                 daemon=True)
         self.proc.start()
         child_conn.close()
@@ -139,24 +129,15 @@ class RewardPool:
             self.close()
             raise
 
-    def score(
-        self, texts: list[str], ground_truths: list[str], inject: dict[int, str] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+    def score(self, texts: list[str], ground_truths: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
         """``scores [B] float32``, ``acc [B] bool``, ``failed [B] bool`` and one error per
-        failed sample (``"sample i: ..."``), as ``score_batch`` returns them.
-
-        ``inject`` maps sample indices to a fault drill: ``"timeout"`` (the worker sleeps past
-        the timeout; with ``workers=0`` the sample is reported as timed out at once) or
-        ``"error"`` (the reward function raises).
-        """
+        failed sample (``"sample i: ..."``), as ``score_batch`` returns them."""
         if len(texts) != len(ground_truths):
             raise ValueError(f"RewardPool.score: {len(texts)} texts but {len(ground_truths)} ground truths")
-        drills = self._check_inject(inject or {}, len(texts))
         if self._workers:
-            results = self._score_in_workers(texts, ground_truths, drills)
+            results = self._score_in_workers(texts, ground_truths)
         else:
-            pairs = enumerate(zip(texts, ground_truths))
-            results = [self._score_here(text, truth, drills.get(i)) for i, (text, truth) in pairs]
+            results = [_score_one(self._fn, text, truth) for text, truth in zip(texts, ground_truths)]
         return self._collect(results)
 
     def close(self) -> None:
@@ -172,32 +153,18 @@ class RewardPool:
         self.close()
 
     def _new_worker(self) -> _Worker:
-        return _Worker(self._ctx, self.fn_spec, self.timeout_s)
+        return _Worker(self._ctx, self.fn_spec)
 
     def _timeout_error(self) -> str:
         return f"timeout after {self.timeout_s}s"
 
-    @staticmethod
-    def _check_inject(inject: dict[int, str], size: int) -> dict[int, str]:
-        for index, drill in inject.items():
-            if drill not in DRILLS:
-                raise ValueError(f"RewardPool.score inject[{index}]: got {drill!r}, expected one of {DRILLS}")
-            if not 0 <= index < size:
-                raise ValueError(f"RewardPool.score inject: sample index {index} is outside a batch of {size}")
-        return inject
-
-    def _score_here(self, text: str, truth: str, drill: str | None) -> _Result:
-        if drill == "timeout":
-            return FAILURE_SCORE, False, True, self._timeout_error()
-        return _score_one(_injected_error if drill == "error" else self._fn, text, truth)
-
-    def _score_in_workers(self, texts: list[str], truths: list[str], drills: dict[int, str]) -> list[_Result]:
+    def _score_in_workers(self, texts: list[str], truths: list[str]) -> list[_Result]:
         """Hand out chunks of samples to idle workers until every sample has a result,
         failing (and replacing the worker of) any sample that runs past the timeout."""
         results: list[_Result | None] = [None] * len(texts)
         todo = deque(range(len(texts)))
         while todo or any(w.pending for w in self._workers):
-            self._dispatch(todo, texts, truths, drills)
+            self._dispatch(todo, texts, truths)
             busy = [w for w in self._workers if w.pending]
             if not busy:
                 continue
@@ -210,7 +177,7 @@ class RewardPool:
                     self._replace(worker, results, todo, self._timeout_error())
         return results
 
-    def _dispatch(self, todo: deque[int], texts: list[str], truths: list[str], drills: dict[int, str]) -> None:
+    def _dispatch(self, todo: deque[int], texts: list[str], truths: list[str]) -> None:
         """Split what is left evenly over the idle workers; a worker that cannot be sent to
         is replaced and its samples stay in ``todo``."""
         idle = [w for w in self._workers if not w.pending]
@@ -219,7 +186,7 @@ class RewardPool:
                 return
             chunk = [todo.popleft() for _ in range(math.ceil(len(todo) / (len(idle) - k)))]
             try:
-                worker.conn.send([(i, texts[i], truths[i], drills.get(i)) for i in chunk])
+                worker.conn.send([(i, texts[i], truths[i]) for i in chunk])
             except OSError:
                 todo.extendleft(reversed(chunk))
                 self._swap(worker)

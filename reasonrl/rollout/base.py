@@ -14,15 +14,14 @@ class Generator(Protocol):
 
     ``prompts`` are token id lists (no padding). The result's row ``i * n + j`` is sample
     j of prompt i; ``generator`` seeds all sampling so that a call is reproducible.
-    ``model`` is the trainer's module: the built-in backends (``fast``, ``hf``) sample with
-    it, so they see every update without a weight sync; the vLLM backend copies its
-    parameters into its own engine when they changed (:mod:`reasonrl.rollout.vllm`).
     """
 
-    model: torch.nn.Module
-    samples_with_model: bool
-    """True when sampling runs ``model`` itself: the sampling log-probs are then the
-    trainer's own (``train.old_logprobs=auto`` reuses them in fp32)."""
+    trainer_numerics: bool
+    """True when sampling runs the trainer's own forward code over the weights (the built-in
+    ``fast`` and ``hf`` backends): in fp32 the sampling log-probs are then the trainer's
+    (``train.old_logprobs=auto`` reuses them). False for another engine (vLLM)."""
+    streams: bool
+    """True when it also has ``generate_stream`` (groups reported as they complete, early stop)."""
 
     def generate(
         self,
@@ -31,3 +30,18 @@ class Generator(Protocol):
         params: SamplingParams,
         generator: torch.Generator,
     ) -> RolloutBatch: ...
+
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Sample with these parameters (name -> tensor, as ``named_parameters``) from now on."""
+
+
+@torch.no_grad()
+def copy_weights(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy ``tensors`` into the parameters of ``module`` by name; every parameter must be given
+    (a name missing from either side is a KeyError naming it)."""
+    params = dict(module.named_parameters())
+    if params.keys() != tensors.keys():
+        missing, extra = sorted(params.keys() - tensors.keys()), sorted(tensors.keys() - params.keys())
+        raise KeyError(f"load_weights: parameters missing {missing[:5]}, unknown {extra[:5]}")
+    for name, p in params.items():
+        p.copy_(tensors[name])

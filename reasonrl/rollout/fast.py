@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 from reasonrl.decoder import LeanDecoder
+from reasonrl.rollout.base import copy_weights
 from reasonrl.rollout.hf import assemble, draw_seed, pad_prompts, response_mask
 from reasonrl.types import RolloutBatch, SamplingParams
 
@@ -141,8 +142,9 @@ class FastGenerator:
 
     Runs the model's parameters through :class:`~reasonrl.decoder.LeanDecoder` (Llama,
     Qwen2 and Qwen3 decoders; ``rollout.backend=hf`` runs any other causal LM). It samples
-    with the trainer's own module (``self.model``), so it always sees the latest weights.
-    The returned tensors live on the model's device.
+    with ``model``: the trainer's own module when colocated with the policy (every update
+    is seen at once), or a copy that :meth:`load_weights` refreshes. The returned tensors
+    live on the model's device.
 
     ``static_shapes``: decode a fixed batch over the whole cache, each step a replayed CUDA
     graph; ``None`` (the default) does so on CUDA devices and compacts the batch elsewhere;
@@ -151,7 +153,8 @@ class FastGenerator:
     number per live row and step vs one per row and step).
     """
 
-    samples_with_model = True
+    trainer_numerics = True
+    streams = True
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, static_shapes: bool | None = None) -> None:
         try:
@@ -162,6 +165,9 @@ class FastGenerator:
         self.pad_id = pad_id
         self.eos_id = eos_id
         self.static_shapes = static_shapes
+
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        copy_weights(self.model, tensors)
 
     def generate(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from reasonrl.rollout.base import copy_weights
 from reasonrl.types import RolloutBatch, SamplingParams
 
 
@@ -58,6 +59,7 @@ def assemble(
 
     ``response_ids`` [B, S] may hold anything after a row's first EOS; those positions
     are set to ``pad_id`` (log-prob 0), and the responses are trimmed to the longest one.
+    ``versions`` are 0: the rollout worker stamps the version of the weights it sampled with.
     """
     mask, eos = response_mask(response_ids, eos_id)
     T = int(mask.sum(-1).max().item()) if mask.numel() else 0
@@ -72,6 +74,7 @@ def assemble(
         eos=eos,
         truncated=~eos,
         group_ids=torch.arange(B, device=prompt_ids.device) // n,
+        versions=torch.zeros_like(mask, dtype=torch.long),
     )
 
 
@@ -83,17 +86,21 @@ def draw_seed(generator: torch.Generator) -> int:
 class HFGenerator:
     """Rollouts with ``model.generate`` (any ``transformers`` causal LM, CPU or GPU).
 
-    It samples with the trainer's own module (``self.model``), so the next call already
-    sees the updated weights. The returned tensors live on the model's
-    device.
+    It samples with ``model``: the trainer's own module when colocated with the policy (it
+    then sees every update at once), or a copy that :meth:`load_weights` refreshes. The
+    returned tensors live on the model's device.
     """
 
-    samples_with_model = True
+    trainer_numerics = True
+    streams = False
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int) -> None:
         self.model = model
         self.pad_id = pad_id
         self.eos_id = eos_id
+
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        copy_weights(self.model, tensors)
 
     def generate(
         self,

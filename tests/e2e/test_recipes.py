@@ -11,7 +11,7 @@ import pytest
 
 from reasonrl.cli import RECIPES
 from reasonrl.config import load
-from reasonrl.controller import Trainer
+from reasonrl.controller import Controller
 from reasonrl.metrics import read_jsonl
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ STEPS = {"dapo": 40, "grpo": 40, "dr_grpo": 40, "lite_ppo": 40, "ppo": 24}
 def test_recipe_raises_heldout_accuracy(recipe, tmp_path):
     steps = STEPS[recipe]
     overrides = [f"run.dir={tmp_path}", f"train.total_steps={steps}", f"eval.every_steps={steps}", "eval.n_prompts=256", "run.progress=false"]
-    Trainer(load(RECIPES / f"{recipe}.yaml", overrides)).run()
+    Controller(load(RECIPES / f"{recipe}.yaml", overrides)).run()
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     val = [r for r in rows if "val/acc" in r]
     assert [r["step"] for r in val] == [0, steps]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reasonrl.config import load
-from reasonrl.controller import Trainer
+from reasonrl.controller import Controller
 from reasonrl.decoder import LeanDecoder
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
@@ -71,7 +71,7 @@ def test_fast_rollouts_match_hf_on_cuda(family):
 
 @pytest.mark.parametrize("recipe", ["dapo", "grpo", "ppo"])  # dynamic sampling; KL to a reference; critic + GAE
 def test_training_runs_on_cuda(recipe, model_dir, tmp_path):
-    trainer = Trainer(load(f"recipes/{recipe}.yaml", [*tiny_run(model_dir, tmp_path, steps=3), "rollout.max_new_tokens=12", "run.device=cuda"]))
+    trainer = Controller(load(f"recipes/{recipe}.yaml", [*tiny_run(model_dir, tmp_path, steps=3), "rollout.max_new_tokens=12", "run.device=cuda"]))
     assert next(trainer.policy.parameters()).is_cuda
     trainer.run()
     rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from reasonrl.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from reasonrl.checkpoint import find_latest, load_checkpoint, CheckpointWriter
 
 # Imports torch once, then for each line on stdin forks a writer (printing its pid) that
 # resumes after the newest checkpoint and saves ~1M-element checkpoints until killed; it
@@ -23,7 +23,7 @@ ZYGOTE = """
 import os, sys
 from pathlib import Path
 import torch
-from reasonrl.checkpoint import find_latest, save_checkpoint
+from reasonrl.checkpoint import find_latest, CheckpointWriter
 
 root = Path(sys.argv[1])
 for _ in sys.stdin:
@@ -33,7 +33,7 @@ for _ in sys.stdin:
             step = int(find_latest(root).name.split("_")[1]) + 1
             base = torch.arange(1 << 20, dtype=torch.float32)
             while True:
-                save_checkpoint(root, step, {"policy": {"w": base + step}}, {"step": step}, keep=2)
+                CheckpointWriter(root, 2).save(step, {"policy": {"w": base + step}}, {"step": step})
                 step += 1
         finally:
             os._exit(1)
@@ -47,7 +47,7 @@ KILLS = 5
 
 def test_sigkill_while_saving_never_loses_the_newest_checkpoint(tmp_path: Path) -> None:
     base = torch.arange(1 << 20, dtype=torch.float32)
-    save_checkpoint(tmp_path, 0, {"policy": {"w": base}}, {"step": 0}, keep=2)
+    CheckpointWriter(tmp_path, 2).save(0, {"policy": {"w": base}}, {"step": 0})
     delays = random.Random(0)
     last = 0
     zygote = subprocess.Popen(
@@ -76,5 +76,5 @@ def test_sigkill_while_saving_never_loses_the_newest_checkpoint(tmp_path: Path) 
         zygote.wait()
     assert last > 0, "the writers never committed a checkpoint"
 
-    save_checkpoint(tmp_path, last + 1, {"policy": {"w": base}}, {"step": last + 1}, keep=2)
+    CheckpointWriter(tmp_path, 2).save(last + 1, {"policy": {"w": base}}, {"step": last + 1})
     assert {p.name for p in tmp_path.iterdir()} == {f"step_{last}", f"step_{last + 1}"}

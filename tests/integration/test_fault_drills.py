@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from reasonrl.config import load
-from reasonrl.controller import Trainer
+from reasonrl.controller import Controller
 from reasonrl.metrics import read_jsonl
 from tests.conftest import tiny_run
 
@@ -43,7 +43,7 @@ def supervised(args):
 
 def test_restarts_after_crash_sigkill_checkpoint_kill_and_hang_end_bit_identical(model_dir, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
-    Trainer(load("recipes/grpo.yaml", overrides(model_dir, clean, 8))).run()
+    Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 8))).run()
     faults = "faults=[crash@2,sigkill@3:stage=gen,sigkill@4:stage=update_actor,ckpt_kill@5,hang@6:stage=adv]"
     proc = supervised(overrides(model_dir, faulty, 8, faults, "resilience.hang_timeout_s=3", "resilience.max_restarts=8"))
     assert proc.returncode == 0, proc.stderr[-3000:]

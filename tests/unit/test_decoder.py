@@ -120,6 +120,7 @@ def test_shared_prefix_inputs():
         eos=torch.tensor([True, False, True]),
         truncated=torch.tensor([False, False, False]),
         group_ids=torch.tensor([0, 1, 0]),
+        versions=torch.zeros(3, 3, dtype=torch.long),
     )
     prefix_ids, prefix_len, parent, response_ids, T = shared_prefix_inputs(rollout, torch.tensor([0, 1, 2]))
     distinct = {tuple(prefix_ids[u, : prefix_len[u]].tolist()) for u in range(len(prefix_len))}

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from reasonrl.faults import FIRED_FILE, KINDS, parse_faults
-from reasonrl.guards import read_hang_dump
+from reasonrl.resilience.faults import FIRED_FILE, KINDS, parse_faults
+from reasonrl.resilience.guards import read_hang_dump
 from reasonrl.metrics import read_jsonl
 
 
@@ -22,11 +22,9 @@ def test_parse_fills_defaults_and_describes():
         "hang@3:stage=gen",
         "reward_error@4:count=2",
     ]
-    rows = plan.describe()
-    assert rows[1]["params"] == {"factor": 2.5, "worker": 1, "stage": "gen", "steps": 8}
-    assert rows[0]["kind"] == "crash" and rows[0]["step"] == 5 and rows[0]["params"] == {}
-    assert not any(row["fired"] for row in rows) and all(row["expected"] for row in rows)
-    assert parse_faults([]).describe() == []
+    assert dict(plan.faults[1].params) == {"factor": 2.5, "worker": 1, "stage": "gen", "steps": 8}
+    assert plan.faults[0].kind == "crash" and plan.faults[0].step == 5 and dict(plan.faults[0].params) == {"stage": None}
+    assert not plan.fired and parse_faults([]).faults == []
 
 
 @pytest.mark.parametrize(
@@ -78,7 +76,7 @@ def test_fires_once_across_a_restart(tmp_path):
     assert restarted.at("crash", 5) is None and not restarted.poison_loss(6)
     assert restarted.reward_fault(7) is None
     assert restarted.at("sigkill", 9).spec == "sigkill@9"
-    assert [row["fired"] for row in restarted.describe()] == [True, True, True, False]
+    assert [f.spec in restarted.fired for f in restarted.faults] == [True, True, True, False]
     events = read_jsonl(tmp_path / "events.jsonl")
     assert [(e["kind"], e["fault"], e["step"]) for e in events] == [
         ("fault_injected", "crash@5", 5), ("fault_injected", "nan@6", 6),
@@ -117,19 +115,19 @@ def test_slow_factor_over_its_window(tmp_path):
 
 CHILDREN = {
     "sigkill": """
-        from reasonrl.faults import parse_faults
+        from reasonrl.resilience.faults import parse_faults
         plan = parse_faults(["sigkill@3"]).bind(RUN_DIR)
         plan.fire("sigkill", 3, stage="update")
         print("survived", flush=True)
     """,
     "crash": """
-        from reasonrl.faults import parse_faults
+        from reasonrl.resilience.faults import parse_faults
         plan = parse_faults(["crash@2"]).bind(RUN_DIR)
         plan.fire("crash", 2)
     """,
     "hang": """
-        from reasonrl.faults import parse_faults
-        from reasonrl.guards import StageWatchdog
+        from reasonrl.resilience.faults import parse_faults
+        from reasonrl.resilience.guards import StageWatchdog
         plan = parse_faults(["hang@4"]).bind(RUN_DIR)
         watchdog = StageWatchdog(1.0, RUN_DIR / "hang_dump.txt")
         watchdog.beat("gen")
@@ -137,17 +135,18 @@ CHILDREN = {
     """,
     "ckpt_kill": """
         import torch
-        from reasonrl.checkpoint import save_checkpoint
-        from reasonrl.faults import parse_faults
+        from reasonrl.resilience.faults import parse_faults
+        from reasonrl.resilience.injection import checkpoint_writer
         plan = parse_faults(["ckpt_kill@2"]).bind(RUN_DIR)
+        writer = checkpoint_writer(RUN_DIR / "checkpoints", 2, plan)
         tensors = {"policy": {"w": torch.ones(4)}, "critic": {"v": torch.zeros(2)}}
         for step in (1, 2):
-            save_checkpoint(RUN_DIR / "checkpoints", step, tensors, {"step": step}, keep=2, after_file=plan.checkpoint_hook(step))
+            writer.save(step, tensors, {"step": step})
         print("survived", flush=True)
     """,
     "light": """
         import sys
-        import reasonrl.faults, reasonrl.guards
+        import reasonrl.resilience.faults, reasonrl.resilience.guards
         assert "torch" not in sys.modules, "importing faults/guards pulled in torch"
     """,
 }

@@ -12,15 +12,15 @@ import time
 import pytest
 import torch
 
-from reasonrl.guards import (
+from reasonrl.resilience.guards import (
     NonFiniteGuard,
     SlowdownDetector,
     SpikeDetector,
     StageWatchdog,
-    params_finite,
     read_hang_dump,
 )
 from reasonrl.metrics import EventLog, read_jsonl
+from reasonrl.train.update import params_finite
 
 NAN, INF = math.nan, math.inf
 
@@ -185,7 +185,7 @@ def test_heartbeat_and_stop(tmp_path):
 
 HANGING_CHILD = """
 import sys, time
-from reasonrl.guards import StageWatchdog
+from reasonrl.resilience.guards import StageWatchdog
 watchdog = StageWatchdog(1.0, sys.argv[1])
 watchdog.beat("gen")
 print("beat", flush=True)
@@ -198,7 +198,7 @@ stuck_in_generation()
 
 HEALTHY_CHILD = """
 import sys, time
-from reasonrl.guards import StageWatchdog
+from reasonrl.resilience.guards import StageWatchdog
 with StageWatchdog(1.0, sys.argv[1]) as watchdog:
     for i in range(8):
         watchdog.beat(f"stage{i}")

@@ -73,22 +73,12 @@ def test_timeout_sample_fails_while_the_others_are_scored(flaky):
         assert pool.score(["Answer: 2"], ["2"])[0].tolist() == [1.0]
 
 
-def test_inject_timeout_and_error_in_workers_and_in_process():
-    texts, truths = ["Answer: 1"] * 4, ["1"] * 4
-    for workers in (0, 2):
-        with RewardPool("dapo", workers=workers, timeout_s=0.3) as pool:
-            scores, acc, failed, errors = pool.score(texts, truths, inject={0: "error", 2: "timeout"})
-        assert failed.tolist() == [True, False, True, False]
-        assert scores.tolist() == [-1.0, 1.0, -1.0, 1.0] and acc.tolist() == [False, True, False, True]
-        assert errors == ["sample 0: RuntimeError: injected reward error (fault drill)", "sample 2: timeout after 0.3s"]
-
-
-def test_consecutive_failures_across_calls_raise():
-    with RewardPool("dapo", workers=0, max_consecutive_failures=3) as pool:
-        pool.score(["Answer: 1"] * 3, ["1"] * 3, inject={0: "error", 1: "error"})  # a success resets the count
-        pool.score(["Answer: 1"] * 3, ["1"] * 3, inject={1: "error", 2: "error"})
-        with pytest.raises(RewardFailureError, match=r"4 samples in a row failed .*injected reward error"):
-            pool.score(["Answer: 1"] * 3, ["1"] * 3, inject={0: "error", 1: "error"})
+def test_consecutive_failures_across_calls_raise(flaky):
+    with RewardPool(flaky, workers=0, max_consecutive_failures=3) as pool:
+        pool.score(["raise", "raise", "Answer: 1"], ["1"] * 3)  # a success resets the count
+        pool.score(["Answer: 1", "raise", "raise"], ["1"] * 3)
+        with pytest.raises(RewardFailureError, match=r"4 samples in a row failed .*bad input"):
+            pool.score(["raise", "raise", "Answer: 1"], ["1"] * 3)
 
 
 def test_no_worker_process_outlives_close(flaky):
@@ -105,9 +95,5 @@ def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match="nope"):
         RewardPool("nope", workers=0)
     with RewardPool("dapo", workers=0) as pool:
-        with pytest.raises(ValueError, match="'hang'"):
-            pool.score(["a"], ["a"], inject={0: "hang"})
-        with pytest.raises(ValueError, match="index 3"):
-            pool.score(["a"], ["a"], inject={3: "error"})
         with pytest.raises(ValueError, match="2 texts but 1"):
             pool.score(["a", "b"], ["a"])

@@ -10,7 +10,7 @@ sys.modules["vllm"] = None  # any import of vllm now raises ImportError
 import reasonrl.controller
 from reasonrl.rollout.vllm import VLLMGenerator
 try:
-    VLLMGenerator(None, "model-dir", 0, 1)
+    VLLMGenerator("model-dir", "cpu", 0, 1)
 except ImportError as err:
     print(err)
 """

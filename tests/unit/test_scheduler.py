@@ -237,4 +237,15 @@ def test_batch_sizes_and_validation(model):
         with pytest.raises(ValueError, match=match):
             scheduler(model, **bad)
     with pytest.raises(ValueError, match="rollout.n"):
-        RolloutScheduler(FastGenerator(model, PAD, EOS), fake_score(), 1, PARAMS, 4)
+        RolloutScheduler(FastGenerator(model, PAD, EOS), fake_score(), 0, PARAMS, 4)
+
+
+def test_dynamic_sampling_keeps_groups_of_one_sample(model):
+    # As verl's DAPO filter: a group of one has no spread to measure, so it is kept, and
+    # rollout.n=1 with dynamic sampling fills its batch from the first generation batch.
+    s = RolloutScheduler(FastGenerator(model, PAD, EOS), fake_score(), 1, PARAMS, 4, dynamic=True, oversample=1.0)
+    batch, stats = s.collect(Prompts(), torch.Generator().manual_seed(0))
+    assert batch.size == 4 and stats["batch/kept_groups"] == 4 and stats["batch/num_gen_batches"] == 1
+    assert stats["batch/dropped_all_correct"] == stats["batch/dropped_all_wrong"] == 0
+    # kept_draws names the draw of each group of the batch, in batch order (groups complete in any order)
+    assert [p.id for p in batch.prompts] == [f"p{d}" for d in s.kept_draws] and len(set(s.kept_draws)) == 4

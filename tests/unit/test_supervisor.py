@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reasonrl.metrics import read_jsonl
-from reasonrl.supervisor import RestartPolicy, summarize_run, supervise, write_summary
+from reasonrl.resilience.supervisor import RestartPolicy, summarize_run, supervise, write_summary
 
 # A stand-in for `reasonrl train`: resumes from its checkpoint (every 2 steps), logs one
 # metrics row per step and touches its heartbeat; on its first attempt (every attempt in

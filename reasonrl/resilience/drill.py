@@ -22,7 +22,7 @@ from pathlib import Path
 
 from reasonrl.config import Config, load
 from reasonrl.metrics import read_jsonl
-from reasonrl.supervisor import train_supervised
+from reasonrl.resilience.supervisor import train_supervised
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,19 @@
 
     plan = parse_faults(["crash@5", "slow@8:factor=3:worker=1", "nan@12"]).bind(run_dir)
     plan.fire("crash", step, stage="update")        # at the start of each stage
-    if plan.poison_loss(step): loss = loss * float("nan")
+    if plan.poison_loss(step): ...                  # this step's update gets a NaN loss
     time.sleep((plan.slow_factor("gen", worker, step) - 1) * gen_seconds)
-    save_checkpoint(..., after_file=plan.checkpoint_hook(step))
+
+The plan only decides what is due; :mod:`reasonrl.resilience.injection` wraps the workers,
+the heartbeat and the checkpoint writer so that the faults act where they would in a real
+run, and no production code path knows about them.
 
 Kinds and keys (defaults in brackets):
 
     crash           stage [any]     raise RuntimeError("injected crash ...")
     sigkill         stage [any]     SIGKILL the process
     hang            stage [gen]     sleep forever (the StageWatchdog catches it)
-    nan             -               the controller poisons the loss with NaN
+    nan             -               the policy update's loss is NaN
     slow            factor [3], worker [0], stage [gen], steps [8]
                                     that stage of that worker takes ``factor`` times longer
                                     for ``steps`` steps from ``step`` on
@@ -68,18 +71,6 @@ KINDS: dict[str, dict[str, Any]] = {
     "ckpt_kill": {},
     "reward_timeout": {"count": 1},
     "reward_error": {"count": 1},
-}
-
-# What a drill expects the system to do about each kind.
-EXPECTED: dict[str, str] = {
-    "crash": "process exits with a traceback; the supervisor restarts from the last checkpoint",
-    "sigkill": "process dies by SIGKILL; the supervisor restarts from the last checkpoint",
-    "hang": "the stage watchdog dumps all stacks and exits; the supervisor restarts",
-    "nan": "NonFiniteGuard skips the update (rolls back after repeated non-finite steps)",
-    "slow": "SlowdownDetector names the slow worker and stage; work shifts away from it",
-    "ckpt_kill": "the partial checkpoint is ignored; the run resumes from the previous committed one",
-    "reward_timeout": "the affected samples time out, are marked failed, and the step goes on",
-    "reward_error": "the affected samples are marked failed and the step goes on",
 }
 
 _ACTIONS = ("crash", "sigkill", "hang")
@@ -192,6 +183,8 @@ class FaultPlan:
         back as a float) and ``ctx``."""
         self.fired.add(fault.spec)
         if self._path is not None:
+            if self._path.exists():  # another process of the run may have fired some meanwhile
+                self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
             write_atomic(self._path, json.dumps({"fired": sorted(self.fired)}, indent=1, sort_keys=True))
         if self._events is not None:
             self._events.emit("fault_injected", fault.step, fault=fault.spec, **ctx)
@@ -262,31 +255,3 @@ class FaultPlan:
                 self.mark(fault)
                 return kind, fault.get("count")
         return None
-
-    def checkpoint_hook(self, step: int) -> Callable[[Path], None] | None:
-        """For a due ckpt_kill fault, a ``save_checkpoint(after_file=...)`` hook that SIGKILLs
-        the process right after the checkpoint's first file is written and fsynced (before
-        its manifest and COMMITTED marker); None otherwise."""
-        fault = self.at("ckpt_kill", step)
-        if fault is None:
-            return None
-
-        def kill_after(path: Path) -> None:
-            self.mark(fault, file=str(path))
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        return kill_after
-
-    def describe(self) -> list[dict[str, Any]]:
-        """One row per fault for the drill table: spec, kind, step, params, fired, expected."""
-        return [
-            {
-                "spec": f.spec,
-                "kind": f.kind,
-                "step": f.step,
-                "params": {k: v for k, v in f.params if v is not None},
-                "fired": f.spec in self.fired,
-                "expected": EXPECTED[f.kind],
-            }
-            for f in self.faults
-        ]

@@ -2,7 +2,7 @@
 
 The controller owns one of each and asks them, step by step, what to do:
 
-    action = nonfinite.check(step, loss, grad_norm, params_finite(model))   # "ok" | "skip" | "rollback"
+    action = nonfinite.check(step, loss, grad_norm, policy.params_finite())  # "ok" | "skip" | "rollback"
     spiked = spikes.update("loss", step, float(loss))
     slow = slowdown.update("gen", worker, step, seconds)                   # Slowdown | None
     watchdog.beat("gen")                                                    # at the start of each stage
@@ -39,16 +39,6 @@ _MIN_SCALE = 1e-8
 def _is_finite(value: float | torch.Tensor) -> bool:
     """Whether a scalar (a Python number or a one-element tensor) is finite."""
     return math.isfinite(float(value))
-
-
-def params_finite(module: torch.nn.Module) -> bool:
-    """Whether every parameter of ``module`` is finite: ``isfinite(p).all()`` per parameter,
-    combined with ``&`` on the first parameter's device and read back with one synchronisation."""
-    finite = None
-    for p in module.parameters():
-        flag = p.isfinite().all()
-        finite = flag if finite is None else finite & flag.to(finite.device)
-    return finite is None or bool(finite)
 
 
 class NonFiniteGuard:

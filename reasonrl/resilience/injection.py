@@ -1,0 +1,157 @@
+"""Fault injection by wrapping: a run's workers, stage heartbeat and checkpoint writer, with the
+faults of its :class:`~reasonrl.resilience.faults.FaultPlan` acting where they would happen
+for real. Production code never sees a fault; the controller wraps what the plan needs.
+
+    heartbeat = FaultyHeartbeat(watchdog, plan, clock)    crash, sigkill, hang at a stage's start
+    policy = FaultyPolicy(policy_worker, plan, clock)     nan: that step's update has a NaN loss
+    rollout = FaultyRollout(rollout_worker, plan, w, clock)  slow: worker w's generation drags
+    reward = FaultyRewards(reward_worker, plan, clock)    reward_timeout, reward_error
+    writer = checkpoint_writer(root, keep, plan)          ckpt_kill: SIGKILL mid-write
+
+``clock()`` returns the training step being run (1-based).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from reasonrl.checkpoint import CheckpointWriter
+from reasonrl.resilience.faults import FaultPlan
+from reasonrl.reward.pool import RewardPool
+
+Clock = Callable[[], int]
+
+
+class _Wrapper:
+    """Delegates every attribute it does not define to the wrapped worker."""
+
+    def __init__(self, inner: Any, plan: FaultPlan, clock: Clock) -> None:
+        self.inner, self.plan, self.clock = inner, plan, clock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class FaultyHeartbeat(_Wrapper):
+    """The stage heartbeat (a StageWatchdog, or None without one): after the beat, a due crash,
+    sigkill or hang fault of that stage fires."""
+
+    def beat(self, stage: str) -> None:
+        if self.inner is not None:
+            self.inner.beat(stage)
+        for kind in ("crash", "sigkill", "hang"):
+            self.plan.fire(kind, self.clock(), stage=stage)
+
+    def stop(self) -> None:
+        if self.inner is not None:
+            self.inner.stop()
+
+
+class FaultyPolicy(_Wrapper):
+    """A PolicyWorker whose update, at a nan fault's step, runs on NaN advantages: the loss and
+    the gradients are NaN, as a numerical blow-up would make them."""
+
+    def update(self, batch, lr: float) -> dict[str, float]:
+        if self.plan.poison_loss(self.clock()):
+            batch = replace(batch, advantages=batch.advantages * math.nan)
+        return self.inner.update(batch, lr)
+
+
+class FaultyRollout(_Wrapper):
+    """Rollout worker ``index``: while a slow fault for it is due, each generation call takes
+    ``factor`` times as long (it sleeps for the difference)."""
+
+    def __init__(self, inner: Any, plan: FaultPlan, index: int, clock: Clock) -> None:
+        super().__init__(inner, plan, clock)
+        self.index = index
+
+    def _drag(self, began: float) -> None:
+        factor = self.plan.slow_factor("gen", self.index, self.clock())
+        if factor > 1:
+            time.sleep((factor - 1) * (time.perf_counter() - began))
+
+    def generate(self, *args, **kwargs):
+        began = time.perf_counter()
+        out = self.inner.generate(*args, **kwargs)
+        self._drag(began)
+        return out
+
+    def generate_stream(self, *args, **kwargs):
+        began = time.perf_counter()
+        out = self.inner.generate_stream(*args, **kwargs)
+        self._drag(began)
+        return out
+
+
+def sleeping_reward(response: str, ground_truth: str) -> dict:
+    """The reward function of a reward_timeout drill: it never returns."""
+    while True:
+        time.sleep(60)
+
+
+def raising_reward(response: str, ground_truth: str) -> dict:
+    """The reward function of a reward_error drill."""
+    raise RuntimeError("injected reward error (fault drill)")
+
+
+class FaultyRewards(_Wrapper):
+    """A RewardWorker: at a reward_timeout or reward_error fault's step, the first ``count``
+    samples of its first scoring are graded by a function that hangs (in a worker process,
+    killed at ``resilience.reward_timeout_s``) or raises; the others as usual."""
+
+    def score(self, rollout, prompts):
+        fault = self.plan.reward_fault(self.clock())
+        if fault is None:
+            return self.inner.score(rollout, prompts)
+        kind, count = fault
+        texts, truths = self.inner.decode(rollout), [p.ground_truth for p in prompts]
+        k = min(count, len(texts))
+        fn = sleeping_reward if kind == "reward_timeout" else raising_reward
+        timeout = self.inner.cfg.resilience.reward_timeout_s
+        with RewardPool(f"{__name__}:{fn.__name__}", workers=1, timeout_s=timeout, max_consecutive_failures=k) as drill:
+            bad = drill.score(texts[:k], truths[:k])
+        good = self.inner.grade(texts[k:], truths[k:])
+        errors = bad[3] + [_renumber(e, k) for e in good[3]]
+        scores, acc, failed = (torch.cat([b, g]) for b, g in zip(bad[:3], good[:3]))
+        return self.inner.assemble(rollout, prompts, texts, scores, acc, failed, errors)
+
+
+def _renumber(error: str, offset: int) -> str:
+    """``"sample i: ..."`` -> ``"sample i+offset: ..."``."""
+    head, _, rest = error.partition(": ")
+    return f"sample {int(head.removeprefix('sample ')) + offset}: {rest}"
+
+
+class _KillingWriter(CheckpointWriter):
+    """At a ckpt_kill fault's step, SIGKILLs the process once the checkpoint's first file is
+    written and fsynced (before its manifest and COMMITTED marker)."""
+
+    def __init__(self, root: Path, keep: int, plan: FaultPlan) -> None:
+        super().__init__(root, keep)
+        self.plan = plan
+        self._due = None
+
+    def save(self, step: int, tensors, state) -> Path:
+        self._due = self.plan.at("ckpt_kill", step)
+        return super().save(step, tensors, state)
+
+    def write_file(self, path: Path, write) -> None:
+        super().write_file(path, write)
+        if self._due is not None:
+            self.plan.mark(self._due, file=str(path))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def checkpoint_writer(root: Path, keep: int, plan: FaultPlan) -> CheckpointWriter:
+    """The run's checkpoint writer: one that dies mid-write when the plan has a ckpt_kill fault."""
+    if any(f.kind == "ckpt_kill" for f in plan.faults):
+        return _KillingWriter(root, keep, plan)
+    return CheckpointWriter(root, keep)

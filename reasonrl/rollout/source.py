@@ -1,0 +1,466 @@
+"""Rollout sources: where the trainer's batches come from, between generation and training.
+
+    batch = source.next_batch(version)   # the next train batch, its metrics and its prompt records
+    source.publish(update)               # the trainer's weights after an update
+    source.state_dict(); source.load_state_dict(state)
+
+The rollout side of a run is a :class:`RolloutProducer`: the prompt sampler, the rollout
+scheduler (dynamic sampling, early stop, every sample's lifecycle), a rollout worker and a
+reward worker. Each :meth:`RolloutProducer.collect` yields one train batch's worth of
+complete, scored groups, tagged with the version of the weights that sampled every token.
+Collected groups wait in a :class:`GroupQueue` until the trainer takes them; a group whose
+staleness (trainer version - its oldest token's version) exceeds ``rollout.max_staleness``,
+or is negative (sampled by weights a rollback discarded), is dropped there and counted.
+
+- :class:`SyncSource` (``rollout.mode=sync``): the producer runs in the trainer's process and
+  collects when the trainer asks, with the trainer's current weights.
+- :class:`AsyncSource` (``async`` and ``lockstep``): the producer runs in a rollout process of
+  its own and collects ahead, with its own copy of the weights, while the trainer updates.
+  Admission is paced: with ``ahead`` the batches collected or in flight and not yet taken,
+  a new collect is submitted only while ``ahead + (1 while a taken batch is being trained)
+  <= max_staleness``, so a batch sampled at version v is trained at version v + max_staleness
+  at the latest. In ``async`` mode the newest weights are offered to the rollout process at
+  once and taken up before its next generation call; in ``lockstep`` mode each collect is
+  preceded by the weights it must use, so batch n is generated with exactly version
+  max(0, n - max_staleness): deterministic, as a resumed run needs.
+
+At ``max_staleness=0`` all three modes produce the same batches from the same seed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from concurrent.futures import Future, TimeoutError as FutureTimeout
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from reasonrl.config import Config
+from reasonrl.data.sampler import PromptSampler
+from reasonrl.rollout.scheduler import RolloutScheduler, SampleState, merge_stats, trim_padding
+from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch, WeightsUpdate
+
+
+@dataclass
+class Collected:
+    """One :meth:`RolloutProducer.collect`: ``want`` groups and what it took to get them.
+
+    batch:     the kept groups, ``n`` rows each, group ids 0.. in keep order
+    kept:      the draw index of each group of ``batch``, in order
+    draws:     ``[draw, dataset row, fate]`` of every prompt drawn for it, in draw order; fate
+               is ``kept``, ``all_correct``, ``all_wrong``, ``surplus`` or ``aborted``
+    stats:     the scheduler's ``batch/*`` counts
+    errors:    reward errors of its samples
+    started, finished: wall-clock seconds (``time.time()``) around it
+    gen_s, reward_s:   seconds decoding and grading; ``idle_s``: the producer's idle time before it
+    state:     the producer's state after it (resuming from it draws the next prompts)
+    """
+
+    batch: ScoredBatch
+    kept: list[int]
+    draws: list[list]
+    stats: dict[str, float]
+    errors: list[str]
+    started: float
+    finished: float
+    gen_s: float
+    reward_s: float
+    idle_s: float
+    state: dict
+
+
+class RolloutProducer:
+    """The rollout side: prompt sampler -> rollout scheduler -> rollout worker -> reward worker.
+
+    ``rollout`` is what the scheduler samples with (a RolloutWorker, or several behind one
+    interface); ``reward`` scores the groups; ``prompts`` and their token ids the training
+    split. The sampler and the sampling RNG are seeded with ``run.seed``.
+    """
+
+    def __init__(self, cfg: Config, rollout, reward, prompts: list[Prompt], prompt_ids: list[list[int]], pad_id: int) -> None:
+        self.rollout, self.reward = rollout, reward
+        self.prompts, self.prompt_ids = prompts, prompt_ids
+        t, r, a = cfg.train, cfg.rollout, cfg.algo
+        self.sampler = PromptSampler(len(prompts), t.prompts_per_step, cfg.run.seed)
+        self.rng = torch.Generator().manual_seed(cfg.run.seed)
+        self.draws = 0
+        self.scheduler = RolloutScheduler(
+            rollout, reward.score, r.n, SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens), t.prompts_per_step,
+            dynamic=a.dynamic_sampling, max_gen_batches=a.max_gen_batches, oversample=a.oversample,
+            gen_batch_prompts=t.gen_prompts_per_step, early_stop=a.early_stop, pad_id=pad_id,
+        )
+        self._drawn: list[tuple[int, int]] = []
+        self._idle_since = time.time()
+
+    def _next_prompts(self, k: int) -> list[tuple[Prompt, list[int]]]:
+        rows = self.sampler.next(k)
+        self._drawn += [(self.draws + i, row) for i, row in enumerate(rows)]
+        self.draws += k
+        return [(self.prompts[i], self.prompt_ids[i]) for i in rows]
+
+    def collect(self) -> Collected:
+        """Generate and score one train batch's worth of groups (see :class:`RolloutScheduler`)."""
+        started = time.time()
+        self._drawn = []
+        batch, stats = self.scheduler.collect(self._next_prompts, self.rng)
+        n = self.scheduler.n
+        fates = [_fate(s.state, s.reason) for s in self.scheduler.samples[::n]]
+        draws = [[draw, row, fate] for (draw, row), fate in zip(self._drawn, fates, strict=True)]
+        kept = [self._drawn[i][0] for i in self.scheduler.kept_draws]
+        finished = time.time()
+        idle, self._idle_since = started - self._idle_since, finished
+        timing = self.scheduler.timing
+        return Collected(batch, kept, draws, stats, list(self.scheduler.errors), started, finished,
+                         timing["gen"], timing["reward"], idle, self.state_dict())
+
+    def load_weights(self, update: WeightsUpdate) -> None:
+        self.rollout.load_weights(update)
+
+    def offer_weights(self, update: WeightsUpdate) -> None:
+        """Thread-safe: the rollout worker takes ``update`` up before its next generation call."""
+        self.rollout.offer_weights(update)
+
+    def state_dict(self) -> dict:
+        """``sampler``, ``rng`` (the sampling generator), ``draws`` (prompts drawn so far) and the
+        workers' states (``rollout``, ``reward``)."""
+        return {"sampler": self.sampler.state_dict(), "rng": self.rng.get_state(), "draws": self.draws,
+                "rollout": self.rollout.state_dict(), "reward": self.reward.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.rng.set_state(state["rng"])
+        self.draws = int(state["draws"])
+        self.rollout.load_state_dict(state["rollout"])
+        self.reward.load_state_dict(state["reward"])
+
+    def close(self) -> None:
+        self.reward.close()
+
+
+def _fate(state: SampleState, reason: str) -> str:
+    return reason if state is SampleState.DROPPED else state.value
+
+
+@dataclass
+class SourceBatch:
+    """What :meth:`next_batch` returns: the train batch, the step's rollout metrics, the
+    prompt record of the step (``drawn``, ``trained``, ``stale`` draw indices) and the reward
+    errors; ``reward_here_s``: seconds of grading spent in the trainer's process."""
+
+    scored: ScoredBatch
+    metrics: dict[str, float]
+    record: dict[str, list]
+    errors: list[str]
+    reward_here_s: float = 0.0
+
+
+@dataclass
+class _Group:
+    scored: ScoredBatch
+    draw: int
+    oldest: int
+    started: float
+    finished: float
+
+
+@dataclass
+class _Pending:
+    """What the collects put since the last take contribute to the next take's metrics."""
+
+    stats: list[dict[str, float]] = field(default_factory=list)
+    drawn: list[list] = field(default_factory=list)
+    stale: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    wasted_tokens: float = 0.0
+    gen_s: float = 0.0
+    reward_s: float = 0.0
+    idle_s: float = 0.0
+
+
+class GroupQueue:
+    """Complete, scored groups waiting to be trained, oldest first, with the staleness bound.
+
+    :meth:`put` splits a :class:`Collected` into its groups; :meth:`take` hands out the
+    oldest ``want`` groups that are fresh for the trainer's version (0 <= staleness <=
+    ``max_staleness``), dropping the others, and returns None while fewer are waiting.
+    """
+
+    def __init__(self, n: int, pad_id: int, max_staleness: int) -> None:
+        self.n, self.pad_id, self.max_staleness = n, pad_id, max_staleness
+        self.groups: deque[_Group] = deque()
+        self.pending = _Pending()
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def put(self, c: Collected) -> None:
+        n, b = self.n, c.batch
+        oldest = b.rollout.oldest_versions().tolist()
+        for g, draw in enumerate(c.kept):
+            rows = b.select(torch.arange(g * n, (g + 1) * n, device=b.rollout.response_mask.device))
+            rows.rollout.group_ids = torch.zeros_like(rows.rollout.group_ids)
+            self.groups.append(_Group(rows, draw, min(oldest[g * n : (g + 1) * n]), c.started, c.finished))
+        p = self.pending
+        p.stats.append(c.stats)
+        p.drawn += c.draws
+        p.errors += c.errors
+        p.wasted_tokens += c.stats["batch/generated_tokens"] + c.stats["batch/aborted_tokens"] - float(b.rollout.lengths.sum())
+        p.gen_s += c.gen_s
+        p.reward_s += c.reward_s
+        p.idle_s += c.idle_s
+
+    def take(self, want: int, version: int) -> SourceBatch | None:
+        """``want`` fresh groups as one batch with this step's rollout metrics, or None."""
+        fresh: list[tuple[_Group, int]] = []
+        while len(fresh) < want and self.groups:
+            group = self.groups.popleft()
+            staleness = version - group.oldest
+            if 0 <= staleness <= self.max_staleness:
+                fresh.append((group, staleness))
+            else:
+                self.pending.stale.append(group.draw)
+                self.pending.wasted_tokens += float(group.scored.rollout.lengths.sum())
+        if len(fresh) < want:
+            self.groups.extendleft(g for g, _ in reversed(fresh))
+            return None
+        now, p = time.time(), self.pending
+        self.pending = _Pending()
+        scored = trim_padding(ScoredBatch.concat([g.scored for g, _ in fresh], self.pad_id))
+        ages = sorted(float(s) for _, s in fresh)
+        metrics = {
+            **(merge_stats(p.stats) if p.stats else _no_stats()),
+            "staleness/mean": sum(ages) / len(ages),
+            "staleness/p99": ages[min(len(ages) - 1, math.ceil(0.99 * len(ages)) - 1)],
+            "staleness/max": ages[-1],
+            "staleness/dropped_groups": float(len(p.stale)),
+            "rollout/queue_length": float(len(self.groups)),
+            "rollout/wasted_tokens": p.wasted_tokens,
+            "timing_s/group_queued": sum(now - g.finished for g, _ in fresh) / len(fresh),
+            "timing_s/group_in_flight": sum(g.finished - g.started for g, _ in fresh) / len(fresh),
+            "timing_s/reward": p.reward_s,
+            "timing_s/rollout_gen": p.gen_s,
+            "timing_s/rollout_idle": p.idle_s,
+        }
+        record = {"drawn": p.drawn, "trained": [g.draw for g, _ in fresh], "stale": p.stale}
+        return SourceBatch(scored, metrics, record, p.errors)
+
+    def leftover(self) -> dict[str, list]:
+        """What was sampled and never reported as trained: the draws of collects not yet
+        reported (``drawn``), the groups still waiting (``queued``) and stale drops not yet
+        reported (``stale``), all as draw indices."""
+        return {"drawn": self.pending.drawn, "queued": [g.draw for g in self.groups], "stale": self.pending.stale}
+
+    def state_dict(self) -> dict:
+        """The waiting groups and the pending metrics, in plain types (``torch.load(weights_only=True)``)."""
+        return {"groups": [{"scored": _scored_state(g.scored), "draw": g.draw, "oldest": g.oldest,
+                            "started": g.started, "finished": g.finished} for g in self.groups],
+                "pending": asdict(self.pending)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.groups = deque(_Group(_scored_from_state(g["scored"]), g["draw"], g["oldest"], g["started"], g["finished"])
+                            for g in state["groups"])
+        self.pending = _Pending(**state["pending"])
+
+
+def _no_stats() -> dict[str, float]:
+    """``batch/*`` of a step to which no collect contributed (every group came earlier)."""
+    zero = {k: 0.0 for k in ("batch/num_gen_batches", "batch/kept_groups", "batch/dropped_all_correct",
+                             "batch/dropped_all_wrong", "batch/surplus_groups", "batch/generated_samples",
+                             "batch/aborted_samples", "batch/aborted_tokens", "batch/wasted_samples",
+                             "batch/generated_tokens")}
+    return {**zero, "batch/samples_per_kept_group": math.inf, "batch/tokens_per_kept_group": math.inf}
+
+
+_ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs", "eos", "truncated",
+                    "group_ids", "versions")
+
+
+def _scored_state(s: ScoredBatch) -> dict:
+    return {"rollout": {k: getattr(s.rollout, k).cpu() for k in _ROLLOUT_TENSORS}, "prompts": [asdict(p) for p in s.prompts],
+            "texts": list(s.texts), "scores": s.scores.cpu(), "acc": s.acc.cpu(), "failed": s.failed.cpu()}
+
+
+def _scored_from_state(state: dict) -> ScoredBatch:
+    return ScoredBatch(RolloutBatch(**state["rollout"]), [Prompt(**p) for p in state["prompts"]], state["texts"],
+                       state["scores"], state["acc"], state["failed"])
+
+
+class SyncSource:
+    """Collects each batch when the trainer asks, in the trainer's process, with its current weights."""
+
+    def __init__(self, producer: RolloutProducer, n: int, pad_id: int, want: int) -> None:
+        self.producer = producer
+        self.want = want
+        self.queue = GroupQueue(n, pad_id, max_staleness=0)
+
+    def next_batch(self, version: int) -> SourceBatch:
+        collected = self.producer.collect()
+        self.queue.put(collected)
+        batch = self.queue.take(self.want, version)
+        if batch is None:
+            raise RuntimeError(f"SyncSource: a collect at version {version} held groups of another version")
+        batch.reward_here_s = collected.reward_s
+        batch.metrics["timing_s/trainer_idle"] = collected.finished - collected.started
+        return batch
+
+    def publish(self, update: WeightsUpdate) -> None:
+        self.producer.load_weights(update)
+
+    def leftover(self) -> dict[str, list]:
+        return self.queue.leftover()
+
+    def state_dict(self) -> dict:
+        return {"producer": self.producer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.producer.load_state_dict(state["producer"])
+
+    def close(self) -> None:
+        self.producer.close()
+
+
+class AsyncSource:
+    """Collects ahead in a rollout process, within ``max_staleness`` (see the module docstring).
+
+    ``launch()`` starts the rollout process: a worker group holding one :class:`RolloutProducer`
+    (``offer_weights`` callable beside a running collect). ``timeout_s`` bounds every wait
+    for it; a rollout process that dies or stops answering is killed, started again from
+    the state after its last delivered collect, sent the current weights, and its collects
+    in flight are submitted again (the same prompts, from the recorded sampler position),
+    at most ``max_restarts`` times. ``failures`` are the exception types of a dead or hung
+    worker (the runtime's); ``emit(kind, **fields)`` writes the events.
+    """
+
+    def __init__(
+        self,
+        launch: Callable[[], Any],
+        initial: WeightsUpdate,
+        *,
+        n: int,
+        pad_id: int,
+        want: int,
+        max_staleness: int,
+        lockstep: bool,
+        timeout_s: float,
+        max_restarts: int,
+        failures: tuple[type[BaseException], ...],
+        emit: Callable[..., None],
+    ) -> None:
+        self.launch, self.want, self.max_staleness, self.lockstep = launch, want, max_staleness, lockstep
+        self.timeout_s, self.max_restarts, self.failures, self.emit = timeout_s, max_restarts, (*failures, FutureTimeout), emit
+        self.queue = GroupQueue(n, pad_id, max_staleness)
+        self.latest = initial
+        self.cursor: dict | None = None
+        self.training = False
+        self.restarts = 0
+        self.outstanding: deque[tuple[Future, int, list[Future]]] = deque()  # (collect, version, loads before it)
+        self.group = None
+        self._sent_version: int | None = None
+
+    # ------------------------------------------------------------ the rollout process
+    def _start(self) -> None:
+        self.group = self.launch()
+        if self.cursor is not None:
+            self.group.call("load_state_dict", self.cursor)
+        self.group.call("load_weights", self.latest)
+        self._sent_version = self.latest.version
+        self.emit("rollout_started", pid=self.group.pids[0], restarts=self.restarts)
+
+    def _restart(self, error: Exception) -> None:
+        """Replace a dead or hung rollout process and submit its collects again."""
+        lost = len(self.outstanding)
+        kind = "rollout_timeout" if isinstance(error, (TimeoutError, FutureTimeout)) else "rollout_died"
+        self.emit(kind, pid=self.group.pids[0], error=str(error), collects_in_flight=lost)
+        self.group.kill()
+        self.group.close(timeout_s=1.0)
+        if self.restarts >= self.max_restarts:
+            raise RuntimeError(f"rollout process: {error}; gave up after {self.restarts} restarts "
+                               f"(resilience.rollout_restarts={self.max_restarts})") from error
+        self.restarts += 1
+        self.outstanding.clear()
+        self._start()
+        self._fill()
+        self.emit("rollout_restarted", pid=self.group.pids[0], restarts=self.restarts, reissued=lost)
+
+    def _ahead(self) -> int:
+        """Batches collected or in flight that no take has consumed yet."""
+        return len(self.outstanding) + math.ceil(len(self.queue) / self.want)
+
+    def _fill(self) -> None:
+        """Submit collects while the staleness bound allows (the module docstring's rule)."""
+        if self.group is None:
+            self._start()
+        while self._ahead() + self.training <= self.max_staleness:
+            self._submit()
+
+    def _submit(self) -> None:
+        loads = []
+        if self.lockstep and self._sent_version != self.latest.version:
+            loads = self.group.submit("load_weights", self.latest)
+            self._sent_version = self.latest.version
+        [collect] = self.group.submit("collect")
+        self.outstanding.append((collect, self.latest.version, loads))
+
+    def _pull(self) -> None:
+        """Wait for the oldest collect in flight and put its groups in the queue."""
+        collect, _, loads = self.outstanding[0]
+        try:
+            for future in [*loads, collect]:
+                future.result(timeout=self.timeout_s)
+        except self.failures as err:
+            self._restart(err)
+            return
+        self.outstanding.popleft()
+        collected: Collected = collect.result()
+        self.cursor = collected.state
+        self.queue.put(collected)
+
+    # ------------------------------------------------------------ the source protocol
+    def next_batch(self, version: int) -> SourceBatch:
+        began = time.perf_counter()
+        self._fill()
+        while (batch := self.queue.take(self.want, version)) is None:
+            if not self.outstanding:  # too few fresh groups left and nothing in flight
+                self._submit()
+            self._pull()
+        self.training = True
+        batch.metrics["rollout/queue_length"] += self.want * sum(f.done() for f, _, _ in self.outstanding)
+        batch.metrics["timing_s/trainer_idle"] = time.perf_counter() - began
+        return batch
+
+    def publish(self, update: WeightsUpdate) -> None:
+        self.latest = update
+        self.training = False
+        if not self.lockstep and self.group is not None:
+            self.group.submit("offer_weights", update)
+        self._fill()
+
+    def leftover(self) -> dict[str, list]:
+        """Sampled and never trained (:meth:`GroupQueue.leftover`); collects still in flight
+        are dropped unrecorded: the sampler position they drew from was never delivered."""
+        return self.queue.leftover()
+
+    def state_dict(self) -> dict:
+        """The queue (collects in flight with older weights are waited for first in lockstep
+        mode, since only their own version can regenerate them) and the rollout state after
+        the last collect delivered."""
+        while self.lockstep and self.outstanding and self.outstanding[0][1] < self.latest.version:
+            self._pull()
+        return {"producer": self.cursor, "queue": self.queue.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.group is not None:
+            self.group.kill()
+            self.group.close(timeout_s=1.0)
+            self.group = None
+        self.outstanding.clear()
+        self.cursor = state["producer"]
+        self.queue.load_state_dict(state["queue"])
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None

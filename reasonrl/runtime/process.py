@@ -1,0 +1,246 @@
+"""Workers in processes of their own: the same worker classes, called over a pipe with futures.
+
+    group = ProcessGroup(build_producer, (cfg, model_dir), name="rollout", concurrent=("offer_weights",))
+    future, = group.submit("collect")          # returns at once; the child works on another core
+    ...
+    batch = future.result(timeout=600)          # or WorkerDied if the child died meanwhile
+
+Each worker runs in a child process (``forkserver`` start, so a child never inherits the
+parent's threads; ``spawn`` where there is no forkserver) built by ``factory(*args)``. Calls
+run one after another, in the order submitted, in the child's main thread; a method named in
+``concurrent`` runs at once in the child's reader thread instead, beside a running call (it
+must be thread-safe: e.g. leaving new weights for the running call to pick up). Arguments
+and results travel pickled, one message each (tensors by value).
+
+The parent reads results in a thread of its own, so a child never blocks on a full pipe
+while the parent is busy. When a child dies, every pending and later call fails with
+:class:`~reasonrl.runtime.group.WorkerDied`; when the parent dies, the child sees its pipe
+close and exits. Nothing waits without a timeout: starting a child has ``start_timeout_s``,
+:meth:`call` the group's ``timeout_s``, and callers of :meth:`submit` pass their own to
+:func:`~reasonrl.runtime.group.gather` or ``Future.result``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import pickle
+import queue
+import signal
+import threading
+import traceback
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from reasonrl.runtime.group import WorkerDied, WorkerTimeout, gather
+
+_CLOSE = "close"
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def _send(conn, lock: threading.Lock, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    with lock:
+        conn.send_bytes(data)
+
+
+def _portable(err: BaseException) -> BaseException:
+    """``err`` if it survives pickling, else a RuntimeError with its text; the child's
+    traceback is attached as a note either way."""
+    note = "".join(traceback.format_exception(err)).rstrip()
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:  # noqa: BLE001 - any failure to round-trip
+        err = RuntimeError(f"{type(err).__name__}: {err}")
+    if hasattr(err, "add_note"):  # Python 3.11+
+        err.add_note(f"in the worker process {os.getpid()}:\n{note}")
+    return err
+
+
+def _child_main(conn, factory: Callable[..., Any], args: tuple, concurrent: frozenset[str]) -> None:
+    """The child: build the worker, then serve calls until the parent closes the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    lock = threading.Lock()
+    try:
+        worker = factory(*args)
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises it
+        _send(conn, lock, ("failed", _portable(err)))
+        return
+    _send(conn, lock, ("ready", os.getpid()))
+    calls: queue.Queue = queue.Queue()
+
+    def run(call_id: int, method: str, call_args: tuple, kwargs: dict) -> None:
+        try:
+            result = ("ok", call_id, getattr(worker, method)(*call_args, **kwargs))
+        except BaseException as err:  # noqa: BLE001 - delivered through the future
+            result = ("error", call_id, _portable(err))
+        _send(conn, lock, result)
+
+    def read() -> None:
+        while True:
+            try:
+                message = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                os._exit(1)  # the parent is gone: nobody is waiting for results
+            if message == _CLOSE:
+                calls.put(None)
+                return
+            if message[1] in concurrent:
+                run(*message)
+            else:
+                calls.put(message)
+
+    threading.Thread(target=read, name="reasonrl-worker-reader", daemon=True).start()
+    while (message := calls.get()) is not None:
+        run(*message)
+    close = getattr(worker, "close", None)
+    if close is not None:
+        close()
+
+
+class _Child:
+    """One child process, its pipe and the futures of its unanswered calls."""
+
+    def __init__(self, ctx, factory, args, concurrent: frozenset[str], name: str, start_timeout_s: float) -> None:
+        self.name = name
+        self.conn, child_conn = ctx.Pipe()
+        self.proc = ctx.Process(target=_child_main, args=(child_conn, factory, args, concurrent), name=name, daemon=True)
+        self.proc.start()
+        child_conn.close()
+        self.lock = threading.Lock()  # one message on the pipe at a time
+        self.state = threading.Lock()  # pending and dead change together
+        self.pending: dict[int, Future] = {}
+        self.dead: WorkerDied | None = None
+        self.pid = self._handshake(start_timeout_s)
+        threading.Thread(target=self._read, name=f"reasonrl-{name}-results", daemon=True).start()
+
+    def _handshake(self, timeout_s: float) -> int:
+        if not self.conn.poll(timeout_s):
+            self.kill()
+            raise WorkerTimeout(f"{self.name}: the worker process did not start within {timeout_s} s")
+        try:
+            kind, value = pickle.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            self.proc.join(timeout=5)
+            raise WorkerDied(f"{self.name}: the worker process exited while starting (exit code {self.proc.exitcode})") from None
+        if kind == "failed":
+            self.proc.join(timeout=5)
+            raise value
+        return value
+
+    def _read(self) -> None:
+        while True:
+            try:
+                kind, call_id, value = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            with self.state:
+                future = self.pending.pop(call_id)
+            if kind == "ok":
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+        with self.state:
+            self.dead = self._ended()
+            orphans, self.pending = list(self.pending.values()), {}
+        for future in orphans:
+            future.set_exception(self.dead)
+
+    def submit(self, call_id: int, method: str, args: tuple, kwargs: dict) -> Future:
+        future: Future = Future()
+        with self.state:
+            dead = self.dead
+            if dead is None:
+                self.pending[call_id] = future
+        if dead is not None:
+            future.set_exception(dead)
+            return future
+        try:
+            _send(self.conn, self.lock, (call_id, method, args, kwargs))
+        except (OSError, ValueError):
+            with self.state:
+                orphan = self.pending.pop(call_id, None)
+            if orphan is not None:
+                orphan.set_exception(self._ended())
+        return future
+
+    def _ended(self) -> WorkerDied:
+        self.proc.join(timeout=5)
+        return WorkerDied(f"{self.name}: the worker process (pid {self.pid}) ended, exit code {self.proc.exitcode}")
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+
+    def close(self, timeout_s: float) -> None:
+        try:
+            _send(self.conn, self.lock, _CLOSE)
+        except (OSError, ValueError):
+            pass
+        self.proc.join(timeout=timeout_s)
+        self.kill()
+        self.conn.close()
+
+
+class ProcessGroup:
+    """``size`` workers built by ``factory(*args)``, each in a process of its own.
+
+    ``timeout_s`` bounds :meth:`call`; ``concurrent`` names the methods that run beside a
+    running call (see the module docstring). ``pids`` are the children's process ids.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[..., Any],
+        args: tuple = (),
+        *,
+        size: int = 1,
+        name: str = "worker",
+        timeout_s: float = 600.0,
+        start_timeout_s: float = 300.0,
+        concurrent: tuple[str, ...] = (),
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"ProcessGroup {name}: size={size}; expected >= 1")
+        ctx = _context()
+        if ctx.get_start_method() == "forkserver":
+            ctx.set_forkserver_preload(["torch", factory.__module__])
+        self.name = name
+        self.size = size
+        self.timeout_s = timeout_s
+        self._ids = itertools.count()
+        self._children: list[_Child] = []
+        try:
+            for rank in range(size):
+                label = name if size == 1 else f"{name}[{rank}]"
+                self._children.append(_Child(ctx, factory, args, frozenset(concurrent), label, start_timeout_s))
+        except BaseException:
+            self.kill()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [child.pid for child in self._children]
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
+        return [child.submit(next(self._ids), method, args, kwargs) for child in self._children]
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return gather(self.submit(method, *args, **kwargs), self.timeout_s, f"{self.name}.{method}")
+
+    def kill(self) -> None:
+        """SIGKILL every child (a hung one included) and reap it; pending calls fail with WorkerDied."""
+        for child in self._children:
+            child.kill()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Let each child finish its running call and close its worker, then end it (killed
+        after ``timeout_s``)."""
+        for child in self._children:
+            child.close(timeout_s)

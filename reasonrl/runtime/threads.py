@@ -1,0 +1,19 @@
+"""Torch's process-wide settings for a worker process (or the trainer's own)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def setup_torch(threads: int, deterministic: bool) -> None:
+    """Torch threads: ``threads``, else the cores this process may run on; deterministic kernels."""
+    torch.set_num_threads(threads or available_cores())
+    torch.use_deterministic_algorithms(deterministic)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 2)

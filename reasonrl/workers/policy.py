@@ -1,0 +1,77 @@
+"""The policy worker: the trained model, its optimizer and its version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from reasonrl.config import Config
+from reasonrl.data.model import load_model, load_tokenizer
+from reasonrl.train.logprobs import compute_logprobs
+from reasonrl.train.update import params_finite, update_policy
+from reasonrl.types import RolloutBatch, TrainBatch, WeightsUpdate
+
+
+class PolicyWorker:
+    """Owns the policy module and its AdamW optimizer; speaks in batches and versioned weights.
+
+    ``version`` counts the updates the weights have had: 0 for the weights loaded from the
+    model directory, +1 per :meth:`update`; a checkpoint restores it with the weights (a
+    rollback to step c's checkpoint returns to version c). Rollout workers tag every
+    sampled token with the version they held, and staleness is measured in versions.
+    """
+
+    def __init__(self, cfg: Config, model_dir: str | Path) -> None:
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.module = load_model(self.model_dir, cfg.model.dtype, cfg.run.device)
+        self.optimizer = self._new_optimizer()
+        self.version = 0
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        t = self.cfg.train
+        return torch.optim.AdamW(self.module.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+
+    def logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
+        """[B, T] log-probs of the response tokens under the current weights (0 on padding)."""
+        t = self.cfg.train
+        return compute_logprobs(self.module, rollout, self.cfg.rollout.temperature, t.micro_batch_size, t.micro_batch_tokens)
+
+    def update(self, batch: TrainBatch, lr: float) -> dict[str, float]:
+        """One PPO update on ``batch`` at learning rate ``lr`` (see
+        :func:`~reasonrl.train.update.update_policy`); the version goes up by one."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        r = self.cfg.rollout
+        metrics = update_policy(self.module, self.optimizer, batch, self.cfg.algo, self.cfg.train, r.temperature, r.max_new_tokens)
+        self.version += 1
+        return metrics
+
+    def weights(self) -> WeightsUpdate:
+        """The current parameters (detached views, not copies) and the version."""
+        return WeightsUpdate(self.version, {name: p.detach() for name, p in self.module.named_parameters()})
+
+    def params_finite(self) -> bool:
+        """Whether every parameter is finite (:func:`~reasonrl.train.update.params_finite`)."""
+        return params_finite(self.module)
+
+    def state_dict(self) -> dict:
+        """``weights`` (the module's state dict), ``optimizer`` and ``version``."""
+        return {"weights": self.module.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state["weights"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
+    def reset(self) -> None:
+        """Back to the weights of the model directory (version 0), with a fresh optimizer."""
+        self.module.load_state_dict(load_model(self.model_dir, self.cfg.model.dtype).state_dict())
+        self.optimizer = self._new_optimizer()
+        self.version = 0
+
+    def export(self, out: str | Path) -> None:
+        """The policy as a Hugging Face model directory, with the tokenizer it was trained with."""
+        self.module.save_pretrained(out)
+        load_tokenizer(self.model_dir).save_pretrained(out)

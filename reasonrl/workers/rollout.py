@@ -1,0 +1,112 @@
+"""The rollout worker: a rollout backend, the weights it samples with, and their version."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+
+from reasonrl.config import Config
+from reasonrl.data.model import load_model, load_tokenizer
+from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
+from reasonrl.rollout.hf import HFGenerator
+from reasonrl.types import RolloutBatch, SamplingParams, WeightsUpdate
+
+
+def build_backend(cfg: Config, model_dir: Path, module: torch.nn.Module | None, pad_id: int, eos_id: int):
+    """The backend of ``rollout.backend`` over ``module`` (vLLM builds its own engine from
+    ``model_dir``; it is imported only when chosen)."""
+    r = cfg.rollout
+    if r.backend == "fast":
+        static = None if r.cuda_graph else False  # None: graphs on CUDA only
+        return FastGenerator(module, pad_id, eos_id, static_shapes=static)
+    if r.backend == "hf":
+        return HFGenerator(module, pad_id, eos_id)
+    from reasonrl.rollout.vllm import VLLMGenerator
+
+    return VLLMGenerator(
+        model_dir, cfg.run.device, pad_id, eos_id, cfg.model.dtype,
+        r.vllm_gpu_memory_utilization, r.vllm_max_model_len, cfg.run.seed,
+    )
+
+
+def trainer_numerics(cfg: Config) -> bool:
+    """Whether sampling runs the trainer's own numerics: a built-in backend (fast, hf) in fp32,
+    whose sampling log-probs equal the trainer's for the same weights."""
+    return cfg.rollout.backend != "vllm" and cfg.model.dtype == "float32"
+
+
+class RolloutWorker:
+    """Generates groups of responses and tags each token with the version of its weights.
+
+    ``module``: the policy's own module, when the worker is colocated with the policy in
+    synchronous mode: sampling then sees each update at once, and :meth:`load_weights`
+    only records the version. Without it the worker holds weights of its own, loaded from
+    ``model_dir`` and replaced by every :meth:`load_weights` (the asynchronous rollout
+    process never touches the trainer's module).
+
+    Weights reach the worker in two ways: :meth:`load_weights` now, or
+    :meth:`offer_weights` from any thread, which leaves them for the next generation call
+    to load first (a weight update lands between generations, never inside one).
+    """
+
+    def __init__(self, cfg: Config, model_dir: str | Path, module: torch.nn.Module | None = None) -> None:
+        model_dir = Path(model_dir)
+        tokenizer = load_tokenizer(model_dir)
+        self.shares_weights = module is not None
+        if module is None and cfg.rollout.backend != "vllm":
+            module = load_model(model_dir, cfg.model.dtype, cfg.run.device)
+        self.backend = build_backend(cfg, model_dir, module, tokenizer.pad_token_id, tokenizer.eos_token_id)
+        self.pad_id = tokenizer.pad_token_id
+        self.version = 0
+        self._offered: WeightsUpdate | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def streams(self) -> bool:
+        """Whether the backend can report groups as they complete (:meth:`generate_stream`)."""
+        return self.backend.streams
+
+    def load_weights(self, update: WeightsUpdate) -> None:
+        """Sample with ``update`` from now on."""
+        if not self.shares_weights:
+            self.backend.load_weights(update.tensors)
+        self.version = update.version
+
+    def offer_weights(self, update: WeightsUpdate) -> None:
+        """Leave ``update`` for the next generation call (thread-safe; a newer offer replaces an older one)."""
+        with self._lock:
+            self._offered = update
+
+    def _load_offered(self) -> None:
+        with self._lock:
+            update, self._offered = self._offered, None
+        if update is not None and update.version != self.version:
+            self.load_weights(update)
+
+    def _stamp(self, batch: RolloutBatch) -> RolloutBatch:
+        batch.versions = batch.response_mask.long() * self.version
+        return batch
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator) -> RolloutBatch:
+        """``n`` samples per prompt (see :class:`~reasonrl.rollout.base.Generator`), versions tagged."""
+        self._load_offered()
+        return self._stamp(self.backend.generate(prompts, n, params, generator))
+
+    def generate_stream(
+        self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator, on_groups_done: GroupsDone
+    ) -> StreamResult:
+        """:meth:`generate` reporting each group as it completes
+        (:meth:`~reasonrl.rollout.fast.FastGenerator.generate_stream`), versions tagged."""
+        self._load_offered()
+        result = self.backend.generate_stream(prompts, n, params, generator, lambda groups, rows: on_groups_done(groups, self._stamp(rows)))
+        self._stamp(result.batch)
+        return result
+
+    def state_dict(self) -> dict:
+        """``version``: the weights themselves are the policy's, published again after a restore."""
+        return {"version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version = int(state["version"])

@@ -1,0 +1,125 @@
+"""Worker groups: in-process calls, worker processes with futures, timeouts, deaths and cleanup."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout, gather
+from reasonrl.types import WeightsUpdate
+from tests.worker_fixtures import Counter, broken
+
+
+def test_local_group_calls_every_worker_and_delivers_errors_through_futures():
+    group = LocalGroup([Counter(1), Counter(10)])
+    assert group.call("add", 2) == [3, 12]
+    [future, _] = group.submit("fail", "boom")
+    assert future.done()
+    with pytest.raises(ValueError, match="boom"):
+        future.result()
+    with pytest.raises(ValueError, match="LocalGroup: expected at least one worker"):
+        LocalGroup([])
+
+
+def test_process_group_runs_calls_in_order_in_another_process():
+    group = ProcessGroup(Counter, (5,), size=2, name="counter", timeout_s=60)
+    try:
+        assert len(set(group.pids)) == 2 and os.getpid() not in group.pids
+        futures = [group.submit("add", 1) for _ in range(3)]
+        assert [f.result(timeout=60) for pair in futures for f in pair] == [6, 6, 7, 7, 8, 8]
+        assert group.call("pid") == group.pids
+        with pytest.raises(ValueError, match="nope") as err:
+            group.call("fail", "nope")
+        assert "in the worker process" in "".join(getattr(err.value, "__notes__", []))
+        assert group.call("add", 0) == [8, 8]  # the worker survives an exception
+    finally:
+        group.close()
+
+
+def test_concurrent_methods_run_beside_a_running_call():
+    group = ProcessGroup(Counter, name="counter", timeout_s=60, concurrent=("set_flag",))
+    try:
+        [waiting] = group.submit("wait_for_flag", 30.0)
+        time.sleep(0.2)
+        assert not waiting.done()
+        assert group.call("set_flag") == [True]
+        assert waiting.result(timeout=10) is True
+    finally:
+        group.close()
+
+
+def test_a_hung_call_times_out_and_a_dead_worker_fails_its_calls():
+    group = ProcessGroup(Counter, name="counter", timeout_s=0.5)
+    try:
+        with pytest.raises(WorkerTimeout, match=r"counter.sleep: no answer within 0.5 s"):
+            group.call("sleep", 30)
+        group.kill()
+        with pytest.raises(WorkerDied, match="counter: the worker process .* ended"):
+            gather(group.submit("add", 1), 10, "add")
+    finally:
+        group.close()
+    group = ProcessGroup(Counter, name="counter", timeout_s=30)
+    [pending] = group.submit("sleep", 30)
+    [dies] = group.submit("die")
+    os.kill(group.pids[0], signal.SIGKILL)
+    with pytest.raises(WorkerDied, match="exit code -9"):
+        pending.result(timeout=10)
+    with pytest.raises(WorkerDied):
+        dies.result(timeout=10)
+    group.close()
+
+
+def test_a_worker_that_cannot_be_built_raises_its_error():
+    with pytest.raises(RuntimeError, match="cannot build this worker"):
+        ProcessGroup(broken, name="broken")
+
+
+def test_weights_cross_a_process_as_one_flat_buffer_per_dtype():
+    tensors = {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(4, dtype=torch.bfloat16), "c": torch.tensor([7.0])}
+    update = WeightsUpdate(3, tensors)
+    state = update.__getstate__()
+    assert sorted(state["buckets"]) == ["torch.bfloat16", "torch.float32"] and state["buckets"]["torch.float32"].numel() == 7
+    back = pickle.loads(pickle.dumps(update))
+    assert back.version == 3 and all(torch.equal(back.tensors[k], tensors[k]) for k in tensors)
+    assert back.tensors["b"].dtype == torch.bfloat16 and back.tensors["a"].shape == (2, 3)
+
+
+CHILD_OF_KILLED_PARENT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from reasonrl.runtime import ProcessGroup
+from tests.worker_fixtures import Counter
+group = ProcessGroup(Counter, name="counter")
+print(group.pids[0], flush=True)
+time.sleep(60)
+"""
+
+
+def test_worker_processes_exit_when_their_parent_is_killed():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parent = subprocess.Popen([sys.executable, "-c", CHILD_OF_KILLED_PARENT, root], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.time() + 10
+        while time.time() < deadline and _alive(child):
+            time.sleep(0.05)
+        assert not _alive(child), "the worker process outlived its parent"
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

@@ -72,7 +72,7 @@ def test_fast_rollouts_match_hf_on_cuda(family):
 @pytest.mark.parametrize("recipe", ["dapo", "grpo", "ppo"])  # dynamic sampling; KL to a reference; critic + GAE
 def test_training_runs_on_cuda(recipe, model_dir, tmp_path):
     trainer = Controller(load(f"recipes/{recipe}.yaml", [*tiny_run(model_dir, tmp_path, steps=3), "rollout.max_new_tokens=12", "run.device=cuda"]))
-    assert next(trainer.policy.parameters()).is_cuda
+    assert next(trainer.policy.workers[0].module.parameters()).is_cuda
     trainer.run()
     rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line]
     assert len(rows) >= 3

@@ -30,7 +30,7 @@ PROMPTS = [[5, 9, 14, 20], [7, 2, 30, 4, 5, 11, 12], [22, 8], [(7 * i) % 50 + 3 
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
-    """A Trainer with ``rollout.backend=vllm`` on a tiny random Qwen2 (head size 32, which
+    """A Controller with ``rollout.backend=vllm`` on a tiny random Qwen2 (head size 32, which
     vLLM's CPU attention supports) with the character tokenizer."""
     from reasonrl.data.model import build_tiny_model
     from reasonrl.data.tokenizer import build_char_tokenizer
@@ -57,13 +57,23 @@ def trainer(tmp_path_factory):
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = kv_space
 
 
+def policy_module(trainer):
+    return trainer.policy.workers[0].module
+
+
+def vllm_worker(trainer):
+    """The rollout worker of the synchronous source: a vLLM engine of its own."""
+    return trainer.source.producer.rollout
+
+
 def fast_twin(trainer) -> FastGenerator:
-    return FastGenerator(trainer.policy, trainer.pad_id, trainer.eos_id)
+    engine = vllm_worker(trainer).backend
+    return FastGenerator(policy_module(trainer), engine.pad_id, engine.eos_id)
 
 
 def test_greedy_rollouts_equal_the_fast_backend(trainer):
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    ours = trainer.generator.generate(PROMPTS, 2, params, torch.Generator().manual_seed(0))
+    ours = vllm_worker(trainer).generate(PROMPTS, 2, params, torch.Generator().manual_seed(0))
     fast = fast_twin(trainer).generate(PROMPTS, 2, params, torch.Generator().manual_seed(0))
     assert torch.equal(ours.prompt_ids, fast.prompt_ids) and torch.equal(ours.group_ids, fast.group_ids)
     assert torch.equal(ours.response_ids, fast.response_ids)
@@ -73,29 +83,31 @@ def test_greedy_rollouts_equal_the_fast_backend(trainer):
 
 def test_sampling_is_seeded_and_its_logprobs_are_the_models(trainer):
     params = SamplingParams(temperature=0.7, max_new_tokens=12)
-    a, b = (trainer.generator.generate(PROMPTS, 4, params, torch.Generator().manual_seed(3)) for _ in range(2))
+    a, b = (vllm_worker(trainer).generate(PROMPTS, 4, params, torch.Generator().manual_seed(3)) for _ in range(2))
     assert torch.equal(a.response_ids, b.response_ids)
-    c = trainer.generator.generate(PROMPTS, 4, params, torch.Generator().manual_seed(4))
+    c = vllm_worker(trainer).generate(PROMPTS, 4, params, torch.Generator().manual_seed(4))
     assert not torch.equal(a.response_ids, c.response_ids)
     assert len({tuple(row.tolist()) for row in a.response_ids[:4]}) > 1  # the n samples of a prompt differ
     # Each sampled token's log-prob is log_softmax(logits / T) of the trainer's model.
-    recomputed = compute_logprobs(trainer.policy, a, temperature=0.7, micro_batch_size=16)
+    recomputed = compute_logprobs(policy_module(trainer), a, temperature=0.7, micro_batch_size=16)
     torch.testing.assert_close(a.logprobs, recomputed, atol=1e-4, rtol=0)
-    assert not trainer.reuse_rollout_logprobs  # another engine's numerics: the trainer recomputes
+    assert not trainer.anchor_is_behaviour(a, 0)  # another engine's numerics: the trainer recomputes
 
 
-def test_weights_follow_the_trainer_and_sync_only_on_change(trainer):
+def test_weights_follow_each_published_version_with_one_copy(trainer):
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    before = trainer.generator.generate(PROMPTS, 1, params, torch.Generator())
-    syncs = trainer.generator.syncs
-    trainer.generator.generate(PROMPTS, 1, params, torch.Generator())
-    assert trainer.generator.syncs == syncs  # nothing changed, nothing copied
+    engine = vllm_worker(trainer).backend
+    before = vllm_worker(trainer).generate(PROMPTS, 1, params, torch.Generator())
+    syncs = engine.syncs
+    vllm_worker(trainer).generate(PROMPTS, 1, params, torch.Generator())
+    assert engine.syncs == syncs  # generating copies nothing
     with torch.no_grad():
-        for name, p in trainer.policy.named_parameters():
+        for name, p in policy_module(trainer).named_parameters():
             if "mlp" in name:
                 p.mul_(3.0)
-    after = trainer.generator.generate(PROMPTS, 1, params, torch.Generator())
-    assert trainer.generator.syncs == syncs + 1
+    trainer.publish()
+    after = vllm_worker(trainer).generate(PROMPTS, 1, params, torch.Generator())
+    assert engine.syncs == syncs + 1 and vllm_worker(trainer).version == trainer.version
     assert not torch.equal(after.response_ids, before.response_ids)
     expected = fast_twin(trainer).generate(PROMPTS, 1, params, torch.Generator())
     assert torch.equal(after.response_ids, expected.response_ids)
@@ -103,12 +115,13 @@ def test_weights_follow_the_trainer_and_sync_only_on_change(trainer):
 
 
 def test_training_steps_sync_after_every_update(trainer):
-    syncs = trainer.generator.syncs
+    engine = vllm_worker(trainer).backend
+    syncs = engine.syncs
     for _ in range(2):
         metrics = trainer.step()
         assert metrics["actor/nonfinite_skips"] == 0 and "timing_s/old_log_prob" in metrics  # recomputed, not reused
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    ours = trainer.generator.generate(PROMPTS, 1, params, torch.Generator())
-    assert trainer.generator.syncs == syncs + 2  # each update is copied once, before the next rollout
+    ours = vllm_worker(trainer).generate(PROMPTS, 1, params, torch.Generator())
+    assert engine.syncs == syncs + 2  # each update is copied once, when it is published
     expected = fast_twin(trainer).generate(PROMPTS, 1, params, torch.Generator())
     assert torch.equal(ours.response_ids, expected.response_ids)

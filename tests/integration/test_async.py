@@ -1,0 +1,174 @@
+"""Asynchronous rollouts on a tiny random model: staleness 0 is the synchronous run bit for bit,
+the staleness bound holds, and a rollout process that dies or hangs is replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reasonrl.config import load
+from reasonrl.controller import Controller
+from reasonrl.metrics import read_jsonl
+from tests.conftest import tiny_run
+
+NOT_VALUES = ("timing_s/", "time", "ettr", "time_lost_s", "mttr_s")
+
+
+def values(row: dict) -> dict:
+    """A metrics row without its timings."""
+    return {k: v for k, v in row.items() if not k.startswith(NOT_VALUES[0]) and k not in NOT_VALUES}
+
+
+def overrides(model_dir, run_dir, steps, *extra):
+    return [
+        *tiny_run(model_dir, run_dir, steps),
+        "algo.dynamic_sampling=true", "algo.max_gen_batches=20",  # early stop, aborted groups, refills
+        "run.threads=1",  # the rollout process uses the trainer's thread count: the same numerics
+        "eval.every_steps=3", "checkpoint.every_steps=2",
+        *extra,
+    ]
+
+
+def test_async_and_lockstep_at_staleness_0_are_the_synchronous_run_bit_for_bit(model_dir, tmp_path):
+    runs = {}
+    for mode in ("sync", "async", "lockstep"):
+        run_dir = tmp_path / mode
+        Controller(load(None, overrides(model_dir, run_dir, 6, f"rollout.mode={mode}", "rollout.max_staleness=0"))).run()
+        runs[mode] = (load_file(run_dir / "final/model.safetensors"), [values(r) for r in read_jsonl(run_dir / "metrics.jsonl")],
+                      read_jsonl(run_dir / "prompts.jsonl"))
+    weights, rows, prompts = runs["sync"]
+    assert len(rows) == 7 and "val/acc" in rows[3] and rows[1]["batch/aborted_samples"] + rows[1]["batch/dropped_all_wrong"] > 0
+    for mode in ("async", "lockstep"):
+        w, r, p = runs[mode]
+        assert w.keys() == weights.keys() and all(torch.equal(w[k], weights[k]) for k in w), f"{mode}: weights differ"
+        assert r == rows, f"{mode}: metrics rows differ"
+        assert p == prompts, f"{mode}: prompt records differ"
+    events = [e["kind"] for e in read_jsonl(tmp_path / "async" / "events.jsonl")]
+    assert "rollout_started" in events and "rollout_died" not in events
+
+
+def test_async_staleness_never_exceeds_its_bound(model_dir, tmp_path):
+    cfg = load(None, overrides(model_dir, tmp_path, 30, "rollout.mode=async", "rollout.max_staleness=2", "algo.off_policy=decoupled",
+                               "eval.every_steps=0", "checkpoint.every_steps=0"))
+    Controller(cfg).run()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(rows) == 30
+    assert all(r["staleness/max"] <= 2 for r in rows) and all(r["staleness/p99"] <= r["staleness/max"] for r in rows)
+    assert max(r["staleness/max"] for r in rows) >= 1  # the rollout process ran ahead of the trainer
+    assert all("staleness/dropped_groups" in r and r["staleness/dropped_groups"] >= 0 for r in rows)
+    dropped = sum(r["staleness/dropped_groups"] for r in rows)
+    assert dropped == sum(len(p["stale"]) for p in read_jsonl(tmp_path / "prompts.jsonl"))
+    for key in ("off_policy/behaviour_kl", "off_policy/is_weight_mean", "off_policy/is_weight_max", "off_policy/is_truncated_frac",
+                "off_policy/ess", "rollout/queue_length", "rollout/wasted_tokens", "timing_s/trainer_idle", "timing_s/rollout_idle",
+                "timing_s/group_queued", "timing_s/group_in_flight", "staleness/mean"):
+        assert key in rows[-1], key
+    lagged = [r for r in rows if r["staleness/max"] > 0]
+    assert all(r["off_policy/is_weight_max"] != 1.0 for r in lagged)  # stale samples: weights are not all 1
+
+
+def _run_async(tmp_path, model_dir, steps, *extra) -> subprocess.Popen:
+    args = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", "--no-supervisor",
+            *overrides(model_dir, tmp_path, steps, "rollout.mode=async", "rollout.max_staleness=1", "algo.off_policy=tis",
+                       "eval.every_steps=0", *extra)]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _rollout_pid(run_dir, after_steps: int) -> int:
+    def ready():
+        events = read_jsonl(run_dir / "events.jsonl") if (run_dir / "events.jsonl").exists() else []
+        rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+        started = [e["pid"] for e in events if e["kind"] == "rollout_started"]
+        return started[-1] if started and len(rows) >= after_steps else None
+
+    return _wait_for(ready, 120, f"{after_steps} steps and a rollout process")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigkill", "sigstop"])
+def test_a_rollout_process_that_dies_or_hangs_is_replaced_and_the_run_completes(model_dir, tmp_path, how):
+    proc = _run_async(tmp_path, model_dir, 40, "resilience.rollout_timeout_s=3")
+    try:
+        pid = _rollout_pid(tmp_path, after_steps=3)
+        os.kill(pid, signal.SIGKILL if how == "sigkill" else signal.SIGSTOP)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    events = read_jsonl(tmp_path / "events.jsonl")
+    incident = next(e for e in events if e["kind"] in ("rollout_died", "rollout_timeout"))
+    assert incident["kind"] == ("rollout_died" if how == "sigkill" else "rollout_timeout") and incident["pid"] == pid
+    restarted = next(e for e in events if e["kind"] == "rollout_restarted")
+    assert restarted["pid"] != pid and restarted["restarts"] == 1
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 41))
+    _assert_every_prompt_used_once(tmp_path)
+
+
+def _assert_every_prompt_used_once(run_dir):
+    """From the run's own records: every draw of the sampler appears once, the trained ones
+    were kept, and what was kept was trained, dropped stale, or left over at the end."""
+    records = read_jsonl(run_dir / "prompts.jsonl")
+    [leftover] = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "rollout_leftover"]
+    drawn = [d for r in records for d, _, _ in r["drawn"]] + [d for d, _, _ in leftover["drawn"]]
+    assert sorted(drawn) == list(range(len(drawn))), "a prompt draw is missing or appears twice"
+    kept = {d for r in records for d, _, fate in r["drawn"] if fate == "kept"} | {d for d, _, f in leftover["drawn"] if f == "kept"}
+    trained = [d for r in records for d in r["trained"]]
+    stale = [d for r in records for d in r["stale"]] + leftover["stale"]
+    assert len(trained) == len(set(trained)), "a group was trained twice"
+    assert sorted(trained + stale + leftover["queued"]) == sorted(kept)
+
+
+@pytest.mark.slow
+def test_an_async_run_killed_and_resumed_uses_every_prompt_exactly_once(model_dir, tmp_path):
+    first = _run_async(tmp_path, model_dir, 30, "checkpoint.every_steps=3")
+    try:
+        _rollout_pid(tmp_path, after_steps=8)
+        first.kill()  # SIGKILL: the rollout process goes with it (its pipe closes)
+        first.communicate(timeout=60)
+    finally:
+        first.kill()
+    steps_before = len(read_jsonl(tmp_path / "metrics.jsonl"))
+    second = _run_async(tmp_path, model_dir, 30, "checkpoint.every_steps=3")
+    out, err = second.communicate(timeout=240)
+    assert second.returncode == 0, err[-3000:]
+    resumed = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "resume" and e["path"]]
+    assert resumed and 0 < resumed[-1]["from_step"] <= steps_before
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 31))
+    _assert_every_prompt_used_once(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_lockstep_run_killed_at_several_points_ends_bit_identical(model_dir, tmp_path):
+    clean, faulty = tmp_path / "clean", tmp_path / "faulty"
+    common = ["rollout.mode=lockstep", "rollout.max_staleness=1", "algo.off_policy=decoupled", "checkpoint.every_steps=1",
+              "checkpoint.keep=3", "resilience.backoff_s=0.05", "resilience.max_restarts=8"]
+    Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 10, *common))).run()
+    faults = "faults=[sigkill@3:stage=gen,ckpt_kill@5,sigkill@8:stage=update_actor]"
+    cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *overrides(model_dir, faulty, 10, *common, faults)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds = [e["kind"] for e in read_jsonl(faulty / "events.jsonl")]
+    assert kinds.count("killed") == 3 and kinds.count("recovered") == 3
+    a, b = load_file(clean / "final/model.safetensors"), load_file(faulty / "final/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed lockstep run's weights differ from the clean run"
+    # every value but the queue length (whether the next batch was ready yet is a matter of timing)
+    drop = lambda r: {k: v for k, v in values(r).items() if k != "rollout/queue_length"}  # noqa: E731
+    assert [drop(r) for r in read_jsonl(faulty / "metrics.jsonl")] == [drop(r) for r in read_jsonl(clean / "metrics.jsonl")]
+    assert json.loads((faulty / "summary.json").read_text())["incidents"]["killed"] == 3

@@ -26,7 +26,7 @@ processes share those cores, fewer threads are faster (spinning threads wait on 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -44,6 +44,16 @@ GroupsDone = Callable[[list[int], RolloutBatch], bool]
 whose ``n`` samples all ended at this decode step; ``rows`` holds exactly their rows
 (``len(groups) * n``, prompt order, ``group_ids`` = prompt indices). Return True to stop
 decoding now and abort every group that has not completed."""
+
+
+class Decoded(NamedTuple):
+    """What :meth:`FastGenerator._decode` returns (see there)."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    stopped: bool
+    interrupted: bool
+    steps: int
 
 
 @dataclass
@@ -188,7 +198,8 @@ class FastGenerator:
         self.model.eval()
         try:
             with torch.no_grad():
-                response_ids, logprobs = self._decode(prompt_ids, prompt_mask, n, params, rng)
+                decoded = self._decode(prompt_ids, prompt_mask, n, params, rng)
+                response_ids, logprobs = decoded.tokens, decoded.logprobs
         finally:
             self.model.train(was_training)
         return assemble(prompt_ids, prompt_mask, response_ids, logprobs, n, self.pad_id, self.eos_id)
@@ -232,9 +243,8 @@ class FastGenerator:
         self.model.eval()
         try:
             with torch.no_grad():
-                tokens, logprobs, stopped, steps_run = self._decode(
-                    prompt_ids, prompt_mask, n, params, rng, on_step=on_step
-                )
+                decoded = self._decode(prompt_ids, prompt_mask, n, params, rng, on_step=on_step)
+                tokens, logprobs, stopped, steps_run = decoded.tokens, decoded.logprobs, decoded.stopped, decoded.steps
         finally:
             self.model.train(was_training)
         aborted = (~reported).nonzero().squeeze(-1)
@@ -295,15 +305,20 @@ class FastGenerator:
         params: SamplingParams,
         rng: torch.Generator,
         on_step: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], bool] | None = None,
-    ):
-        """``(tokens [B, S], logprobs [B, S])`` for ``[B, P]`` prompts, each repeated ``n`` times
-        in a row; anything after a row's first EOS is garbage.
+        limits: torch.Tensor | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> Decoded:
+        """Decode ``[B, P]`` prompts, each repeated ``n`` times in a row: ``Decoded(tokens [B, S],
+        logprobs [B, S], ...)``; anything after a row's end is garbage.
 
+        ``limits`` [B] (optional): row r ends after ``limits[r]`` tokens (<= max_new_tokens).
         With ``on_step``, it is called after each step ``t`` at which some row ended, as
-        ``on_step(t, ended [B] bool, tokens, logprobs)`` (``ended``: the row has emitted EOS or,
-        at the last step, reached ``max_new_tokens``); a True return stops the loop at once,
-        and the result is then ``(tokens, logprobs, stopped, steps run)``. The callback only
-        observes: what is sampled does not depend on it until it stops the loop.
+        ``on_step(t, ended [B] bool, tokens, logprobs)`` (``ended``: the row has emitted EOS or
+        reached its limit or ``max_new_tokens``); a True return stops the loop at once
+        (``stopped``). ``stop()`` is asked after every step; True ends the loop there
+        (``interrupted``). ``steps`` is the number of steps run. The callbacks only observe:
+        what is sampled does not depend on them until they stop the loop. Limits and ``stop``
+        run the eager loop (no CUDA graph).
         """
         B, P = prompt_ids.shape
         steps = params.max_new_tokens
@@ -311,21 +326,20 @@ class FastGenerator:
         tokens_out = torch.full((B, steps), self.pad_id, dtype=torch.long, device=device)
         logprobs_out = torch.zeros((B, steps), device=device)
         if steps == 0:
-            if on_step is None:
-                return tokens_out, logprobs_out
-            stopped = bool(on_step(-1, torch.ones(B, dtype=torch.bool, device=device), tokens_out, logprobs_out))
-            return tokens_out, logprobs_out, stopped, 0
+            stopped = on_step is not None and bool(on_step(-1, torch.ones(B, dtype=torch.bool, device=device), tokens_out, logprobs_out))
+            return Decoded(tokens_out, logprobs_out, stopped, False, 0)
         static = device.type == "cuda" if self.static_shapes is None else self.static_shapes
+        static = static and limits is None and stop is None
         layers, cache, table, logits, key_bias = self._prefill(prompt_ids, prompt_mask, n, P + steps, static)
         rows = torch.arange(B, device=device)  # original row of each batch row
         position = prompt_mask.sum(-1)  # next position id of each batch row
-        alive = torch.ones(B, dtype=torch.bool, device=device)  # no EOS yet
+        alive = torch.ones(B, dtype=torch.bool, device=device)  # not ended yet
         ended = torch.zeros(B, dtype=torch.bool, device=device) if on_step is not None else None
         static_step = None
         if static:
             state = (layers, cache, table, key_bias, logits, position, P)
             static_step = self._static_step(state, params, rng, tokens_out, logprobs_out, alive)
-        live_before, stopped, t = B, False, 0
+        live_before, stopped, interrupted, t = B, False, False, 0
         for t in range(steps):
             if static_step is not None:
                 static_step(t)  # samples token t of every row, then feeds it to the model
@@ -334,6 +348,8 @@ class FastGenerator:
                 tokens_out[rows, t] = tokens
                 logprobs_out[rows, t] = logprobs
                 alive &= tokens != self.eos_id
+                if limits is not None:
+                    alive &= limits[rows] > t + 1
             n_alive = int(alive.sum())
             last = n_alive == 0 or t == steps - 1
             if on_step is not None and (n_alive < live_before or last):
@@ -346,6 +362,9 @@ class FastGenerator:
             live_before = n_alive
             if last:
                 break
+            if stop is not None and stop():
+                interrupted = True
+                break
             if static_step is not None:
                 continue
             if n_alive <= COMPACT_AT * alive.shape[0]:
@@ -355,9 +374,7 @@ class FastGenerator:
                 key_bias = key_bias[keep]
             logits = self.decoder.decode(layers, tokens, position, key_bias, cache, table)
             position = position + 1
-        if on_step is None:
-            return tokens_out, logprobs_out
-        return tokens_out, logprobs_out, stopped, t + 1
+        return Decoded(tokens_out, logprobs_out, stopped, interrupted, t + 1)
 
     def _static_step(self, state, params: SamplingParams, rng: torch.Generator, tokens_out, logprobs_out, alive):
         """``step(t)`` of the fixed-shape loop: sample token ``t`` of every row from the

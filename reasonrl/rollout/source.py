@@ -230,6 +230,8 @@ class GroupQueue:
         self.pending = _Pending()
         scored = trim_padding(ScoredBatch.concat([g.scored for g, _ in fresh], self.pad_id))
         ages = sorted(float(s) for _, s in fresh)
+        r = scored.rollout
+        newest = r.versions.masked_fill(r.response_mask == 0, -1).amax(-1)
         metrics = {
             **(merge_stats(p.stats) if p.stats else _no_stats()),
             "staleness/mean": sum(ages) / len(ages),
@@ -237,6 +239,7 @@ class GroupQueue:
             "staleness/max": ages[-1],
             "staleness/dropped_groups": float(len(p.stale)),
             "rollout/queue_length": float(len(self.groups)),
+            "rollout/partial_samples": float((newest != r.oldest_versions()).sum()),
             "rollout/wasted_tokens": p.wasted_tokens,
             "timing_s/group_queued": sum(now - g.finished for g, _ in fresh) / len(fresh),
             "timing_s/group_in_flight": sum(g.finished - g.started for g, _ in fresh) / len(fresh),

@@ -11,6 +11,7 @@ from reasonrl.config import Config
 from reasonrl.data.model import load_model, load_tokenizer
 from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
 from reasonrl.rollout.hf import HFGenerator
+from reasonrl.rollout.partial import PartialRollouts
 from reasonrl.types import RolloutBatch, SamplingParams, WeightsUpdate
 
 
@@ -48,7 +49,9 @@ class RolloutWorker:
 
     Weights reach the worker in two ways: :meth:`load_weights` now, or
     :meth:`offer_weights` from any thread, which leaves them for the next generation call
-    to load first (a weight update lands between generations, never inside one).
+    to load first (a weight update lands between generations), or, with ``rollout.interrupt``,
+    interrupts the generation in flight, whose unfinished samples go on with them
+    (:class:`~reasonrl.rollout.partial.PartialRollouts`).
     """
 
     def __init__(self, cfg: Config, model_dir: str | Path, module: torch.nn.Module | None = None) -> None:
@@ -58,6 +61,9 @@ class RolloutWorker:
         if module is None and cfg.rollout.backend != "vllm":
             module = load_model(model_dir, cfg.model.dtype, cfg.run.device)
         self.backend = build_backend(cfg, model_dir, module, tokenizer.pad_token_id, tokenizer.eos_token_id)
+        self.partial = cfg.rollout.interrupt
+        if self.partial:  # it tags each token with its version itself
+            self.backend = PartialRollouts(self.backend, self._has_offer, self._load_offered, lambda: self.version)
         self.pad_id = tokenizer.pad_token_id
         self.version = 0
         self._offered: WeightsUpdate | None = None
@@ -79,6 +85,10 @@ class RolloutWorker:
         with self._lock:
             self._offered = update
 
+    def _has_offer(self) -> bool:
+        with self._lock:
+            return self._offered is not None and self._offered.version != self.version
+
     def _load_offered(self) -> None:
         with self._lock:
             update, self._offered = self._offered, None
@@ -86,7 +96,8 @@ class RolloutWorker:
             self.load_weights(update)
 
     def _stamp(self, batch: RolloutBatch) -> RolloutBatch:
-        batch.versions = batch.response_mask.long() * self.version
+        if not self.partial:
+            batch.versions = batch.response_mask.long() * self.version
         return batch
 
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator) -> RolloutBatch:

@@ -74,6 +74,15 @@ def test_async_staleness_never_exceeds_its_bound(model_dir, tmp_path):
     assert all(r["off_policy/is_weight_max"] != 1.0 for r in lagged)  # stale samples: weights are not all 1
 
 
+def test_partial_rollouts_keep_the_bound(model_dir, tmp_path):
+    cfg = load(None, overrides(model_dir, tmp_path, 12, "rollout.mode=async", "rollout.max_staleness=1", "rollout.interrupt=true",
+                               "algo.off_policy=tis", "rollout.max_new_tokens=16", "eval.every_steps=0"))
+    Controller(cfg).run()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(rows) == 12 and all(r["staleness/max"] <= 1 for r in rows)
+    assert all(0 <= r["rollout/partial_samples"] <= 8 for r in rows)  # samples whose tokens span two versions
+
+
 def _run_async(tmp_path, model_dir, steps, *extra) -> subprocess.Popen:
     args = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", "--no-supervisor",
             *overrides(model_dir, tmp_path, steps, "rollout.mode=async", "rollout.max_staleness=1", "algo.off_policy=tis",

@@ -438,6 +438,7 @@ def batch_metrics(batch: TrainBatch) -> dict[str, float]:
         "critic/advantages/max": batch.advantages[valid].max().item(),
         "critic/advantages/min": batch.advantages[valid].min().item(),
         "response_length/mean": lengths.mean().item(),
+        "response_length/median": lengths.median().item(),
         "response_length/max": lengths.max().item(),
         "response_length/clip_ratio": r.truncated.float().mean().item(),
         "train/acc": s.acc.float().mean().item(),

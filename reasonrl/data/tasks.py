@@ -59,7 +59,27 @@ def _sum(rng: random.Random) -> Problem:
     return _problem(f"{a}+{b}+{c}", lines, a + b + c, "sum")
 
 
-FAMILIES = {"add": _add, "mul": _mul, "sum": _sum}
+CHAIN_TERMS = (2, 12)
+"""Fewest and most terms of a ``chain`` problem."""
+
+
+def _chain(rng: random.Random) -> Problem:
+    """Running sum of a chain of digits whose length is long-tailed: 2 terms plus a geometric
+    number more (p = 1/2, capped at 12 terms), one worked line per addition. Half the chains
+    have 2 or 3 terms, one in 128 the full 12, so the longest solutions are several times the
+    median, as reasoning RL's responses are."""
+    k = CHAIN_TERMS[0]
+    while k < CHAIN_TERMS[1] and rng.random() < 0.5:
+        k += 1
+    terms = [rng.randint(1, 9) for _ in range(k)]
+    lines, total = [], terms[0]
+    for t in terms[1:]:
+        lines.append(f"{total}+{t}={total + t}")
+        total += t
+    return _problem("+".join(map(str, terms)), lines, total, "chain")
+
+
+FAMILIES = {"add": _add, "mul": _mul, "sum": _sum, "chain": _chain}
 """Task family name -> problem maker."""
 
 

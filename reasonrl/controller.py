@@ -94,6 +94,10 @@ class Controller:
         """The policy version the next batch is trained from (the last one published)."""
         self.faults = parse_faults(list(cfg.faults)).bind(self.run_dir)
         kinds = {f.kind for f in self.faults.faults}
+        rollout_side = kinds & {"slow", "reward_timeout", "reward_error"}
+        if rollout_side and cfg.rollout.mode != "sync":
+            raise ValueError(f"faults: {', '.join(sorted(rollout_side))} act on the rollout side, which rollout.mode="
+                             f"{cfg.rollout.mode} runs in a rollout process of its own; rehearse them with rollout.mode=sync")
         clock = lambda: self.step_count + 1  # noqa: E731 - the step the faults see
         r = cfg.resilience
         self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
@@ -177,13 +181,15 @@ class Controller:
             if cfg.algo.overlong_filter:
                 loss_mask = loss_mask * algo.overlong_filter_mask(rollout.truncated)[:, None]
             behaviour = rollout.logprobs * rollout.response_mask
-            if self.anchor_is_behaviour(rollout, version):
+            if cfg.algo.off_policy in algo.IS_WEIGHTS:
+                old = None  # the proximal policy: the update computes it from its first forward
+            elif self.anchor_is_behaviour(rollout, version):
                 old = behaviour
             else:
                 with self.stage(t, "old_log_prob"):
                     [old] = self.policy.call("logprobs", rollout)
-                off = algo.behaviour_metrics(old, behaviour, rollout.response_mask, cfg.algo.tis_cap)
-                metrics.update({f"off_policy/{k}": v.item() for k, v in off.items()})
+                gap = algo.behaviour_metrics(old, behaviour, rollout.response_mask, cfg.algo.tis_cap)
+                metrics.update({f"off_policy/{k}": v.item() for k, v in gap.items()})
             ref = values = None
             if self.reference is not None:
                 with self.stage(t, "ref"):
@@ -193,9 +199,7 @@ class Controller:
                     [values] = self.critic.call("values", rollout)
             with self.stage(t, "adv"):
                 advantages, returns = self.advantages(scored, loss_mask, values)
-            weigh = algo.IS_WEIGHTS.get(cfg.algo.off_policy)
-            is_weights = None if weigh is None else weigh(old, behaviour, loss_mask, cfg.algo.tis_cap)
-            batch = TrainBatch(scored, loss_mask, old, advantages, ref, values, returns, is_weights)
+            batch = TrainBatch(scored, loss_mask, old, advantages, ref, values, returns)
             lr = self.learning_rate(step)
             if self.critic is not None:
                 with self.stage(t, "update_critic"):
@@ -203,7 +207,7 @@ class Controller:
                 metrics.update({f"critic/{k}": v for k, v in critic_metrics.items() if k not in ("loss",)})
             with self.stage(t, "update_actor"):
                 [actor_metrics] = self.policy.call("update", batch, lr)
-            metrics.update({f"actor/{k}": v for k, v in actor_metrics.items() if k != "loss"})
+            metrics.update({k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items() if k != "loss"})
             self.guard(step, actor_metrics)
             metrics["actor/lr"] = lr
             metrics.update(batch_metrics(batch))
@@ -226,9 +230,9 @@ class Controller:
 
     def anchor_is_behaviour(self, rollout, version: int) -> bool:
         """Whether the PPO anchor is the sampling log-probs (no recomputation): always with
-        ``algo.off_policy=bypass``, never with tis or decoupled; with none, as
-        ``train.old_logprobs`` says (``auto``: when the sampler ran the trainer's numerics on
-        this very version)."""
+        ``algo.off_policy=bypass``, never with tis or decoupled (the update computes the
+        proximal policy); with none, as ``train.old_logprobs`` says (``auto``: when the
+        sampler ran the trainer's numerics on this very version)."""
         a, how = self.cfg.algo.off_policy, self.cfg.train.old_logprobs
         if a != "none":
             return a == "bypass"
@@ -420,9 +424,10 @@ class Controller:
 
 def _colocated(cfg: Config) -> Config:
     """The config of a rollout worker beside the policy in async mode (validation): the fast
-    backend, or transformers for a model it does not support, never a second vLLM engine."""
+    backend, or transformers for a model it does not support, never a second vLLM engine;
+    nothing interrupts it (it shares the policy's module)."""
     backend = "fast" if cfg.rollout.backend == "fast" else "hf"
-    return replace(cfg, rollout=replace(cfg.rollout, backend=backend))
+    return replace(cfg, rollout=replace(cfg.rollout, backend=backend, interrupt=False))
 
 
 def batch_metrics(batch: TrainBatch) -> dict[str, float]:

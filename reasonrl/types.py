@@ -185,24 +185,22 @@ class TrainBatch:
 
     loss_mask:     [B, T] float, response mask with overlong-filtered samples zeroed
     old_logprobs:  [B, T] float, log-probs under the PPO anchor: the behaviour policy that
-                   sampled the batch (``algo.off_policy`` none or bypass) or the trainer's
-                   weights at the start of the update (tis, decoupled: the proximal policy)
+                   sampled the batch or a recomputation (``algo.off_policy`` none, bypass);
+                   None: the policy at the start of the update, which the update computes
+                   (tis, decoupled: the proximal policy)
     advantages:    [B, T] float
     ref_logprobs:  [B, T] float, under the frozen reference (None without a KL loss)
     values:        [B, T] float, critic values at generation time (None without a critic)
     returns:       [B, T] float, critic targets (None without a critic)
-    is_weights:    [B, T] float, detached importance weights from the behaviour policy to
-                   ``old_logprobs`` that multiply each token's policy loss (None: no correction)
     """
 
     scored: ScoredBatch
     loss_mask: torch.Tensor
-    old_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor | None
     advantages: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
-    is_weights: torch.Tensor | None = None
 
 
 @dataclass

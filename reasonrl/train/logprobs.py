@@ -114,14 +114,17 @@ def per_token_scores(
     score: Callable[[torch.Tensor], tuple[torch.Tensor, int]],
     micro_batch_size: int,
     micro_batch_tokens: int = 0,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[B, T]`` per response token (0 on padding) from ``score(rows) -> ([b, T'], T')``, run on
-    :func:`micro_batches` with ``model`` in eval mode (its mode restored after), without gradients."""
+    """``[B, T]`` per response token (0 on padding, and on rows other than ``rows`` when given)
+    from ``score(rows) -> ([b, T'], T')``, run on :func:`micro_batches` with ``model`` in eval
+    mode (its mode restored after), without gradients."""
     was_training = model.training
     model.eval()
     out = torch.zeros_like(rollout.response_mask)
     try:
-        rows = torch.arange(rollout.size, device=out.device)
+        if rows is None:
+            rows = torch.arange(rollout.size, device=out.device)
         for micro in micro_batches(rows, sequence_lengths(rollout), micro_batch_size, micro_batch_tokens):
             values, T = score(micro)
             out[micro, :T] = values
@@ -131,12 +134,18 @@ def per_token_scores(
 
 
 def compute_logprobs(
-    model: torch.nn.Module, rollout: RolloutBatch, temperature: float, micro_batch_size: int, micro_batch_tokens: int = 0
+    model: torch.nn.Module,
+    rollout: RolloutBatch,
+    temperature: float,
+    micro_batch_size: int,
+    micro_batch_tokens: int = 0,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Log-probs [B, T] of every response token (0 on padding), in micro-batches, without gradients."""
+    """Log-probs [B, T] of every response token (0 on padding; only ``rows`` when given), in
+    micro-batches, without gradients."""
 
     def score(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
         logprobs, _, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=False)
         return logprobs, T
 
-    return per_token_scores(model, rollout, score, micro_batch_size, micro_batch_tokens)
+    return per_token_scores(model, rollout, score, micro_batch_size, micro_batch_tokens, rows)

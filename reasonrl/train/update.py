@@ -13,10 +13,10 @@ from typing import Callable
 
 import torch
 
-from reasonrl.algo import agg_normaliser, aggregate, kl_penalty, ppo_clip, value_loss
+from reasonrl.algo import IS_WEIGHTS, agg_normaliser, aggregate, behaviour_metrics, kl_penalty, ppo_clip, value_loss
 from reasonrl.config import AlgoConfig, TrainConfig
 from reasonrl.train.critic import Critic
-from reasonrl.train.logprobs import micro_batches, policy_logprobs, sequence_lengths
+from reasonrl.train.logprobs import compute_logprobs, micro_batches, policy_logprobs, sequence_lengths
 from reasonrl.types import TrainBatch
 
 MicroLoss = Callable[[torch.Tensor, float], tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]]
@@ -98,10 +98,19 @@ def update_policy(
 ) -> dict[str, float]:
     """One PPO update of the policy on ``batch``.
 
-    loss = ppo_clip(logp, old, A; eps_low, eps_high, dual_clip; weights = batch.is_weights)
+    loss = ppo_clip(logp, old, A; eps_low, eps_high, dual_clip; weights = w)
            + kl_loss_coef * agg(kl_penalty(logp, ref, kl_kind))
            - entropy_coef * agg(entropy)
-    all aggregated with ``algo.loss_agg`` over the loss mask.
+    all aggregated with ``algo.loss_agg`` over the loss mask. With ``algo.off_policy`` tis or
+    decoupled, ``w = IS_WEIGHTS[off_policy](old, mu, mask, tis_cap)``, mu the sampling
+    log-probs (:mod:`reasonrl.algo.off_policy`); otherwise w = 1.
+
+    The anchor ``old`` is ``batch.old_logprobs``, or, when that is None, the policy's own
+    log-probs at the start of this update (the proximal policy): the rows of the first
+    mini-batch take them from their first forward, which runs before any optimizer step (so
+    the ratio is exactly 1 there, as the definition says), and the other rows from one
+    no-grad pass before the first step. A single mini-batch thus costs no extra forward.
+    The behaviour gap is then returned as ``off_policy/*`` (:func:`behaviour_metrics`).
 
     With ``train.skip_zero_advantage`` and no KL or entropy term, rows whose advantages are 0
     on every token (a group-relative group with equal rewards) are not run: each of their
@@ -111,13 +120,32 @@ def update_policy(
     """
     rollout = batch.scored.rollout
     skipping = train.skip_zero_advantage and algo.kl_loss_coef == 0 and algo.entropy_coef == 0
+    active = ((batch.advantages != 0) & batch.loss_mask.bool()).any(-1) if skipping else None
+    weigh = IS_WEIGHTS.get(algo.off_policy)
+    behaviour = rollout.logprobs * rollout.response_mask
+    anchor, known = batch.old_logprobs, None
+    if anchor is None:
+        anchor = torch.zeros_like(batch.loss_mask)
+        known = torch.zeros(rollout.size, dtype=torch.bool, device=anchor.device)
+        later = torch.ones_like(known)
+        later[: train.mini_batch_size] = False
+        if active is not None:
+            later &= active
+        rest = later.nonzero().squeeze(-1)
+        if rest.numel():
+            anchor[rest] = compute_logprobs(model, rollout, temperature, train.micro_batch_size, train.micro_batch_tokens, rest)[rest]
+            known[rest] = True
 
     def micro_loss(rows: torch.Tensor, total: float) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         logprobs, entropy, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=True)
         mask = batch.loss_mask[rows, :T]
+        if known is not None and not bool(known[rows].all()):  # first seen before any optimizer step
+            anchor[rows, :T] = logprobs.detach() * rollout.response_mask[rows, :T]
+            known[rows] = True
+        old = anchor[rows, :T]
         loss, metrics = ppo_clip(
             logprobs,
-            batch.old_logprobs[rows, :T],
+            old,
             batch.advantages[rows, :T],
             mask,
             algo.eps_low,
@@ -126,7 +154,7 @@ def update_policy(
             agg=algo.loss_agg,
             horizon=horizon,
             total=total,
-            weights=None if batch.is_weights is None else batch.is_weights[rows, :T],
+            weights=None if weigh is None else weigh(old, behaviour[rows, :T], mask, algo.tis_cap),
         )
         shares = {"pg_loss": loss.detach()}
         if algo.kl_loss_coef > 0:
@@ -143,14 +171,14 @@ def update_policy(
         return loss, shares, metrics
 
     model.train()
-    active = None
-    if skipping:
-        active = ((batch.advantages != 0) & batch.loss_mask.bool()).any(-1)
     lengths = sequence_lengths(rollout)
     out = minibatch_steps(list(model.parameters()), optimizer, batch.loss_mask, lengths, algo.loss_agg, train, micro_loss, active)
     trained = batch.loss_mask if active is None else batch.loss_mask * active[:, None]
     out["trained_tokens"] = float(trained.sum())
     out["trained_rows_frac"] = 1.0 if active is None else float(active.float().mean())
+    if known is not None:
+        gap = behaviour_metrics(anchor[known], behaviour[known], rollout.response_mask[known], algo.tis_cap)
+        out.update({f"off_policy/{k}": v.item() for k, v in gap.items()})
     return out
 
 

@@ -55,6 +55,12 @@ def test_async_and_lockstep_at_staleness_0_are_the_synchronous_run_bit_for_bit(m
     assert "rollout_started" in events and "rollout_died" not in events
 
 
+def test_rollout_side_faults_are_refused_in_async_mode(model_dir, tmp_path):
+    cfg = load(None, overrides(model_dir, tmp_path, 2, "rollout.mode=async", "faults=[reward_error@2]"))
+    with pytest.raises(ValueError, match=r"faults: reward_error act on the rollout side, which rollout.mode=async runs"):
+        Controller(cfg)
+
+
 def test_async_staleness_never_exceeds_its_bound(model_dir, tmp_path):
     cfg = load(None, overrides(model_dir, tmp_path, 30, "rollout.mode=async", "rollout.max_staleness=2", "algo.off_policy=decoupled",
                                "eval.every_steps=0", "checkpoint.every_steps=0"))

@@ -112,3 +112,41 @@ def test_entropy_or_kl_terms_disable_skipping():
     train = TrainConfig(mini_batch_size=8, micro_batch_size=8, grad_clip=1e9)
     m, _ = _sgd_update(base, batch, AlgoConfig(entropy_coef=0.01, kl_loss_coef=0.0), train)
     assert m["trained_rows_frac"] == 1.0
+
+
+@pytest.mark.parametrize("off_policy", ["tis", "decoupled"])
+@pytest.mark.parametrize(("mini", "epochs"), [(8, 1), (4, 1), (4, 2)])
+def test_the_proximal_anchor_from_the_update_equals_one_computed_before_it(off_policy, mini, epochs):
+    # old_logprobs=None: the first mini-batch takes the anchor from its own first forward, the
+    # others from a pass before the first step. The same update as a separately computed anchor.
+    torch.use_deterministic_algorithms(True)
+    base = tiny_qwen2()
+    batch = _train_batch(base)
+    # the sampler's log-probs: some weights cross the cap (2): truncated (tis) or masked (decoupled)
+    g = torch.Generator().manual_seed(2)
+    rollout = batch.scored.rollout
+    rollout.logprobs = (batch.old_logprobs + 0.5 * torch.randn(batch.old_logprobs.shape, generator=g)) * rollout.response_mask
+    algo = AlgoConfig(loss_agg="token-mean", eps_low=0.2, eps_high=0.28, off_policy=off_policy, tis_cap=2.0)
+    train = TrainConfig(mini_batch_size=mini, micro_batch_size=2, ppo_epochs=epochs, grad_clip=1e9)
+    anchor = compute_logprobs(base, rollout, temperature=1.0, micro_batch_size=8)
+    m_given, d_given = _sgd_update(base, replace(batch, old_logprobs=anchor), algo, train)
+    m_fused, d_fused = _sgd_update(base, replace(batch, old_logprobs=None), algo, train)
+    assert d_given.abs().max() > 1e-4
+    torch.testing.assert_close(d_fused, d_given, rtol=1e-4, atol=1e-6)
+    assert m_fused["pg_loss"] == pytest.approx(m_given["pg_loss"], rel=1e-4, abs=1e-6)
+    assert 0 < m_fused["off_policy/is_truncated_frac"] < 1 and m_fused["off_policy/is_weight_max"] > 2
+    assert "off_policy/ess" in m_fused and "off_policy/ess" not in m_given  # a given anchor: the caller reports the gap
+
+
+def test_a_single_mini_batch_costs_no_extra_forward_for_the_proximal_anchor():
+    base = tiny_qwen2()
+    batch = replace(_train_batch(base), old_logprobs=None)
+    algo = AlgoConfig(loss_agg="token-mean", off_policy="decoupled")
+    calls = []
+    for mini, expected in ((8, 1), (4, 3)):  # one forward per micro-batch of 8 rows; + a pass over the later 4
+        model = copy.deepcopy(base)
+        calls.clear()
+        model.model.embed_tokens.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[0]))
+        update_policy(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, algo,
+                      TrainConfig(mini_batch_size=mini, micro_batch_size=8, grad_clip=1e9), temperature=1.0, horizon=7)
+        assert len(calls) == expected, (mini, calls)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,6 +63,7 @@ def mode_overrides(mode: str, staleness: int, cores: int) -> list[str]:
 
 def run_one(workload: str, mode: str, staleness: int, seed: int, args, out: Path) -> dict:
     run_dir = out / f"{workload}-{mode}{staleness if mode != 'sync' else ''}-s{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, never a resume of an earlier one
     overrides = [
         f"run.dir={run_dir}", f"run.seed={seed}", "run.progress=false", f"train.total_steps={args.steps}",
         f"eval.every_steps={args.steps}", "eval.n_prompts=256", "checkpoint.every_steps=0",

@@ -116,34 +116,45 @@ class Controller:
         reward = RewardWorker(cfg, self.model_dir)
         if kinds & {"reward_timeout", "reward_error"}:
             reward = FaultyRewards(reward, self.faults, clock)
-        self._closers = [reward]
+        self._reward = reward  # validation grades with it (in sync mode it is also the producer's)
+        self.shards: ShardedRollouts | None = None
         if cfg.rollout.mode == "sync":
-            rollouts = [RolloutWorker(cfg, self.model_dir, module=policy.module) for _ in range(r.rollout_workers)]
-            if "slow" in kinds:
-                rollouts = [FaultyRollout(w, self.faults, i, clock) for i, w in enumerate(rollouts)]
-            self.shards = ShardedRollouts(rollouts, self.slow, clock, self.pad_id) if len(rollouts) > 1 else None
-            producer = RolloutProducer(cfg, self.shards or rollouts[0], reward, train, train_ids, self.pad_id)
-            self.source = SyncSource(producer, cfg.rollout.n, self.pad_id, cfg.train.prompts_per_step)
-            evaluation = rollouts[0]
+            self.source, evaluation = self._sync_source(policy, reward, train, train_ids, "slow" in kinds, clock)
         else:
-            self.shards = None
             self.source = self._async_source(policy, train, train_ids)
             evaluation = RolloutWorker(_colocated(cfg), self.model_dir, module=policy.module)
         self.evaluator = Evaluator(cfg, evaluation, reward, test, test_ids)
-
-        self.registry = StateRegistry()
-        self.registry.add("controller", self)
-        self.registry.add("policy", _Role(self.policy), rollback=True)
-        if self.critic is not None:
-            self.registry.add("critic", _Role(self.critic), rollback=True)
-        if self.reference is not None:
-            self.registry.add("reference", _Role(self.reference))
-        self.registry.add("source", self.source)
-        self.registry.add("nonfinite", self.nonfinite)
-        self.registry.add("spikes", self.spikes)
-        self.registry.add("slow", self.slow)
-        self.registry.add("rng", ProcessRNG())
+        self.registry = self._registry()
         self.writer = checkpoint_writer(self.run_dir / "checkpoints", cfg.checkpoint.keep, self.faults)
+
+    def _sync_source(self, policy: PolicyWorker, reward, train: list[Prompt], train_ids: list[list[int]], slow: bool, clock):
+        """The rollout side in this process: ``resilience.rollout_workers`` rollout workers over
+        the policy's own module (sharing a batch, work moved off a slow one, when several);
+        returns the source and the rollout worker that validation uses."""
+        cfg = self.cfg
+        rollouts = [RolloutWorker(cfg, self.model_dir, module=policy.module) for _ in range(cfg.resilience.rollout_workers)]
+        if slow:
+            rollouts = [FaultyRollout(w, self.faults, i, clock) for i, w in enumerate(rollouts)]
+        if len(rollouts) > 1:
+            self.shards = ShardedRollouts(rollouts, self.slow, clock, self.pad_id)
+        producer = RolloutProducer(cfg, self.shards or rollouts[0], reward, train, train_ids, self.pad_id)
+        return SyncSource(producer, cfg.rollout.n, self.pad_id, cfg.train.prompts_per_step), rollouts[0]
+
+    def _registry(self) -> StateRegistry:
+        """What a checkpoint holds, in restore order (the config check first)."""
+        registry = StateRegistry()
+        registry.add("controller", self)
+        registry.add("policy", _Role(self.policy), rollback=True)
+        if self.critic is not None:
+            registry.add("critic", _Role(self.critic), rollback=True)
+        if self.reference is not None:
+            registry.add("reference", _Role(self.reference))
+        registry.add("source", self.source)
+        registry.add("nonfinite", self.nonfinite)
+        registry.add("spikes", self.spikes)
+        registry.add("slow", self.slow)
+        registry.add("rng", ProcessRNG())
+        return registry
 
     def _async_source(self, policy: PolicyWorker, train: list[Prompt], train_ids: list[list[int]]) -> AsyncSource:
         cfg, r = self.cfg, self.cfg.resilience
@@ -359,10 +370,9 @@ class Controller:
         return watchdog
 
     def close(self) -> None:
-        """Stop the rollout side and the reward processes."""
+        """Stop the rollout side and the reward processes (closing twice is harmless)."""
         self.source.close()
-        for closer in self._closers:
-            closer.close()
+        self._reward.close()
 
     def effective_time(self, first_start: float, productive: float) -> dict[str, float]:
         """ETTR = productive step time / wall time since the run first started; time lost =

@@ -8,7 +8,7 @@ import torch
 
 
 class PromptSampler:
-    """Yields batches of prompt indices, epoch after epoch.
+    """Yields prompt indices, ``next(k)`` at a time, epoch after epoch.
 
     Epoch ``e`` is a permutation of ``range(num_items)`` drawn from a ``torch.Generator``
     seeded with a hash of ``(seed, e)`` (or ``range(num_items)`` itself when
@@ -18,27 +18,15 @@ class PromptSampler:
     ``load_state_dict()`` save and restore the position exactly.
     """
 
-    def __init__(self, num_items: int, batch_size: int, seed: int, shuffle: bool = True):
+    def __init__(self, num_items: int, seed: int, shuffle: bool = True):
         if num_items < 1:
             raise ValueError(f"PromptSampler: num_items must be >= 1, got {num_items}")
-        if batch_size < 1:
-            raise ValueError(f"PromptSampler: batch_size must be >= 1, got {batch_size}")
         self.num_items = num_items
-        self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
         self._epoch = 0
         self._position = 0
         self._order = self._permutation(0)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next index is drawn from (0-based)."""
-        return self._epoch
-
-    def next_batch(self) -> list[int]:
-        """The next ``batch_size`` indices."""
-        return self.next(self.batch_size)
 
     def next(self, k: int) -> list[int]:
         """The next ``k`` indices."""

@@ -40,6 +40,7 @@ from typing import Any
 
 from reasonrl.config import Config
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
+from reasonrl.resilience.guards import read_hang_dump
 
 HANG_DUMP = "hang_dump.txt"
 """The stack dump the child's faulthandler watchdog writes before it exits."""
@@ -340,9 +341,10 @@ class _Supervisor:
         """``stack`` (at most ``STACK_CHARS`` characters) and ``dump`` (its new name) when this
         attempt wrote ``hang_dump.txt``, which is moved to the next free ``hang_dump.<n>.txt``."""
         dump = self.run_dir / HANG_DUMP
-        if (_mtime(dump) or 0.0) < started:
+        found = read_hang_dump(dump) if (_mtime(dump) or 0.0) >= started else None
+        if found is None:
             return None
-        stack = dump.read_text(encoding="utf-8", errors="replace")
+        stack = found["stacks"]
         n = 1
         while (target := dump.with_name(f"hang_dump.{n}.txt")).exists():
             n += 1

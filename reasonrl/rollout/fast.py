@@ -78,16 +78,6 @@ class StreamResult:
     aborted_lengths: list[int]
     stopped: bool
 
-    @property
-    def aborted_samples(self) -> int:
-        """Rows of the aborted groups (``len(aborted) * n``)."""
-        return len(self.aborted_lengths)
-
-    @property
-    def aborted_tokens(self) -> int:
-        """Tokens generated for the aborted rows."""
-        return sum(self.aborted_lengths)
-
 
 def sample(
     logits: torch.Tensor,

@@ -84,7 +84,7 @@ class RolloutProducer:
         self.rollout, self.reward = rollout, reward
         self.prompts, self.prompt_ids = prompts, prompt_ids
         t, r, a = cfg.train, cfg.rollout, cfg.algo
-        self.sampler = PromptSampler(len(prompts), t.prompts_per_step, cfg.run.seed)
+        self.sampler = PromptSampler(len(prompts), cfg.run.seed)
         self.rng = torch.Generator().manual_seed(cfg.run.seed)
         self.draws = 0
         self.scheduler = RolloutScheduler(

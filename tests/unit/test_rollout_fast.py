@@ -266,7 +266,7 @@ def test_stream_completed_groups_equal_generate(params):
 
     # Never stopped: the whole batch, identical to generate.
     full, calls = stream(gen, params, 3, None)
-    assert not full.stopped and full.aborted == [] and full.aborted_samples == full.aborted_tokens == 0
+    assert not full.stopped and full.aborted == [] and full.aborted_lengths == []
     assert sorted(full.completed) == list(range(len(STREAM_PROMPTS)))
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs", "eos", "truncated", "group_ids"):
         assert torch.equal(getattr(full.batch, name), getattr(plain, name)), name
@@ -297,9 +297,8 @@ def test_stream_completed_groups_equal_generate(params):
     # Aborted: every row of the unfinished groups, with the tokens generated up to the stop.
     stop_step = max(int(rows.lengths.max()) for _, rows in calls)
     aborted = plain.select(group_rows(part.aborted, n))
-    assert part.aborted_samples == len(part.aborted) * n
+    assert len(part.aborted_lengths) == len(part.aborted) * n
     assert part.aborted_lengths == aborted.lengths.clamp(max=stop_step).tolist()
-    assert part.aborted_tokens == int(aborted.lengths.clamp(max=stop_step).sum())
     assert (longest[part.aborted] > stop_step).all()
 
 
@@ -314,7 +313,7 @@ def test_stream_stop_ends_decoding_at_once():
     part, calls = stream(gen, params, 3, 1)
     # Prefill, then one decode call per step until the step at which the first group ended.
     assert len(rows) == 1 + int(calls[0][1].lengths.max()) - 1 < full_calls
-    assert part.aborted_tokens > 0
+    assert sum(part.aborted_lengths) > 0
 
 
 def test_stream_with_zero_new_tokens_reports_every_group():

@@ -92,8 +92,8 @@ class SFTConfig:
     batch_size: int = 64
     max_steps: int = 2000
     eval_every: int = 25
-    eval_size: int = 128
-    target_acc: float = 0.25
+    eval_size: int = 256
+    target_acc: float = 0.5
     """Stop once greedy held-out accuracy reaches this (well below perfect on purpose)."""
     seed: int = 1234
 

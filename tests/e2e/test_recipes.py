@@ -1,8 +1,9 @@
 """Every recipe must raise held-out accuracy on the embedded task (read from metrics.jsonl).
 
-Slow: these train for real on the cached warm start (built once per machine, ~1.5 min).
-Held-out accuracy is the mean over 4 samples on 256 held-out problems (about +-2.5 points
-of noise); 40 steps lift every recipe well past that (figures in docs/benchmarks.md).
+Slow: these train for real on the cached warm start (built once per machine, ~3 min on 2
+cores). Held-out accuracy is the mean over 4 samples on 256 held-out problems (about +-2.5
+points of noise); 20 steps lift every recipe past +9 points (figures in docs/benchmarks.md),
+and the test asks for +5.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from reasonrl.metrics import read_jsonl
 
 pytestmark = pytest.mark.slow
 
-STEPS = {"dapo": 40, "grpo": 40, "dr_grpo": 40, "lite_ppo": 40, "ppo": 24}
+STEPS = {"dapo": 20, "grpo": 20, "dr_grpo": 20, "lite_ppo": 20, "ppo": 12}
 """PPO's steps are about twice as long (32 prompts, a critic, two epochs) and it learns faster per step."""
 
 
@@ -29,7 +30,7 @@ def test_recipe_raises_heldout_accuracy(recipe, tmp_path):
     val = [r for r in rows if "val/acc" in r]
     assert [r["step"] for r in val] == [0, steps]
     before, after = val[0]["val/acc"], val[-1]["val/acc"]
-    assert after >= before + 0.03, f"{recipe}: held-out accuracy {before:.3f} -> {after:.3f}"
+    assert after >= before + 0.05, f"{recipe}: held-out accuracy {before:.3f} -> {after:.3f}"
     assert (tmp_path / "final" / "config.json").is_file()
     train_rows = [r for r in rows if r["step"] > 0]
     assert len(train_rows) == steps and all("actor/pg_loss" in r and "timing_s/gen" in r for r in train_rows)

@@ -119,7 +119,7 @@ def _rollout_pid(run_dir, after_steps: int) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigkill", "sigstop"])
 def test_a_rollout_process_that_dies_or_hangs_is_replaced_and_the_run_completes(model_dir, tmp_path, how):
-    proc = _run_async(tmp_path, model_dir, 40, "resilience.rollout_timeout_s=3")
+    proc = _run_async(tmp_path, model_dir, 16, "resilience.rollout_timeout_s=3")
     try:
         pid = _rollout_pid(tmp_path, after_steps=3)
         os.kill(pid, signal.SIGKILL if how == "sigkill" else signal.SIGSTOP)
@@ -132,7 +132,7 @@ def test_a_rollout_process_that_dies_or_hangs_is_replaced_and_the_run_completes(
     assert incident["kind"] == ("rollout_died" if how == "sigkill" else "rollout_timeout") and incident["pid"] == pid
     restarted = next(e for e in events if e["kind"] == "rollout_restarted")
     assert restarted["pid"] != pid and restarted["restarts"] == 1
-    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 41))
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 17))
     _assert_every_prompt_used_once(tmp_path)
 
 
@@ -152,38 +152,38 @@ def _assert_every_prompt_used_once(run_dir):
 
 @pytest.mark.slow
 def test_an_async_run_killed_and_resumed_uses_every_prompt_exactly_once(model_dir, tmp_path):
-    first = _run_async(tmp_path, model_dir, 30, "checkpoint.every_steps=3")
+    first = _run_async(tmp_path, model_dir, 16, "checkpoint.every_steps=3")
     try:
-        _rollout_pid(tmp_path, after_steps=8)
+        _rollout_pid(tmp_path, after_steps=7)
         first.kill()  # SIGKILL: the rollout process goes with it (its pipe closes)
         first.communicate(timeout=60)
     finally:
         first.kill()
     steps_before = len(read_jsonl(tmp_path / "metrics.jsonl"))
-    second = _run_async(tmp_path, model_dir, 30, "checkpoint.every_steps=3")
+    second = _run_async(tmp_path, model_dir, 16, "checkpoint.every_steps=3")
     out, err = second.communicate(timeout=240)
     assert second.returncode == 0, err[-3000:]
     resumed = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "resume" and e["path"]]
     assert resumed and 0 < resumed[-1]["from_step"] <= steps_before
-    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 31))
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 17))
     _assert_every_prompt_used_once(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_lockstep_run_killed_at_several_points_ends_bit_identical(model_dir, tmp_path):
+def test_a_lockstep_run_killed_in_generation_and_in_the_update_ends_bit_identical(model_dir, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     common = ["rollout.mode=lockstep", "rollout.max_staleness=1", "algo.off_policy=decoupled", "checkpoint.every_steps=1",
               "checkpoint.keep=3", "resilience.backoff_s=0.05", "resilience.max_restarts=8"]
-    Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 10, *common))).run()
-    faults = "faults=[sigkill@3:stage=gen,ckpt_kill@5,sigkill@8:stage=update_actor]"
-    cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *overrides(model_dir, faulty, 10, *common, faults)]
+    Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 8, *common))).run()
+    faults = "faults=[sigkill@3:stage=gen,sigkill@6:stage=update_actor]"
+    cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *overrides(model_dir, faulty, 8, *common, faults)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     kinds = [e["kind"] for e in read_jsonl(faulty / "events.jsonl")]
-    assert kinds.count("killed") == 3 and kinds.count("recovered") == 3
+    assert kinds.count("killed") == 2 and kinds.count("recovered") == 2
     a, b = load_file(clean / "final/model.safetensors"), load_file(faulty / "final/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed lockstep run's weights differ from the clean run"
     # every value but the queue length (whether the next batch was ready yet is a matter of timing)
     drop = lambda r: {k: v for k, v in values(r).items() if k != "rollout/queue_length"}  # noqa: E731
     assert [drop(r) for r in read_jsonl(faulty / "metrics.jsonl")] == [drop(r) for r in read_jsonl(clean / "metrics.jsonl")]
-    assert json.loads((faulty / "summary.json").read_text())["incidents"]["killed"] == 3
+    assert json.loads((faulty / "summary.json").read_text())["incidents"]["killed"] == 2

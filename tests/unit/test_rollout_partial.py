@@ -42,6 +42,13 @@ def models():
     return old, new
 
 
+def interrupted_at(old, new, at: int) -> tuple[PartialRollouts, Updates]:
+    """Partial rollouts that start on ``old``'s weights and see ``new``'s after ``at`` decode steps."""
+    fast = FastGenerator(copy.deepcopy(old), PAD, EOS)
+    updates = Updates(fast, {k: v.detach().clone() for k, v in new.named_parameters()}, at=at)
+    return PartialRollouts(fast, updates.pending, updates.reload, lambda: updates.version), updates
+
+
 def test_without_an_update_it_equals_the_fast_backend():
     old, _ = models()
     params = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW)
@@ -55,9 +62,7 @@ def test_without_an_update_it_equals_the_fast_backend():
 
 def test_an_update_mid_way_continues_unfinished_samples_with_the_new_weights():
     old, new = models()
-    fast = FastGenerator(copy.deepcopy(old), PAD, EOS)
-    updates = Updates(fast, {k: v.detach().clone() for k, v in new.named_parameters()}, at=4)
-    partial = PartialRollouts(fast, updates.pending, updates.reload, lambda: updates.version)
+    partial, updates = interrupted_at(old, new, at=4)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
     batch = partial.generate(PROMPTS, 2, greedy, torch.Generator().manual_seed(0))
     assert updates.reloads == 1
@@ -87,9 +92,7 @@ def test_an_update_mid_way_continues_unfinished_samples_with_the_new_weights():
 
 def test_streaming_reports_each_group_once_across_an_interrupt_and_can_stop():
     old, new = models()
-    fast = FastGenerator(copy.deepcopy(old), PAD, EOS)
-    updates = Updates(fast, {k: v.detach().clone() for k, v in new.named_parameters()}, at=2)
-    partial = PartialRollouts(fast, updates.pending, updates.reload, lambda: updates.version)
+    partial, _ = interrupted_at(old, new, at=2)
     params = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW)
     seen = []
 
@@ -102,9 +105,7 @@ def test_streaming_reports_each_group_once_across_an_interrupt_and_can_stop():
     assert sorted(seen) == list(range(len(PROMPTS))) and result.completed == seen and result.aborted == []
     assert result.batch.size == 12 and set(result.batch.versions[result.batch.response_mask.bool()].tolist()) <= {0, 1}
     # a callback that stops at the first report aborts the rest, with their tokens so far counted
-    fast = FastGenerator(copy.deepcopy(old), PAD, EOS)
-    updates = Updates(fast, {k: v.detach().clone() for k, v in new.named_parameters()}, at=2)
-    partial = PartialRollouts(fast, updates.pending, updates.reload, lambda: updates.version)
+    partial, _ = interrupted_at(old, new, at=2)
     result = partial.generate_stream(PROMPTS, 3, params, torch.Generator().manual_seed(1), lambda groups, rows: True)
     assert result.stopped and len(result.completed) >= 1 and len(result.aborted) == len(PROMPTS) - len(result.completed)
     assert len(result.aborted_lengths) == 3 * len(result.aborted) and all(0 < k <= MAX_NEW for k in result.aborted_lengths)

@@ -169,7 +169,9 @@ class AlgoConfig:
     dynamic_sampling: bool = False
     """Drop groups whose scores are all equal and keep generating until the batch is full."""
     max_gen_batches: int = 10
-    """Dynamic sampling gives up with an error after this many generation batches per step."""
+    """Dynamic sampling gives up with an error once a step has drawn the prompts of this many
+    full generation batches (a full batch: ceil(train.prompts_per_step * oversample) prompts, or
+    train.gen_prompts_per_step); refills sized to the groups still missing draw fewer."""
     oversample: float = 1.5
     """Dynamic sampling draws ceil(missing groups * oversample) prompts per generation batch
     (unless train.gen_prompts_per_step fixes it); about 1 / (fraction of mixed groups) is best."""

@@ -89,7 +89,10 @@ class RolloutScheduler:
     n, params:         samples per prompt and how to sample
     want_groups:       groups in the returned batch (``train.prompts_per_step``)
     dynamic:           keep only groups with mixed outcomes (``algo.dynamic_sampling``)
-    max_gen_batches:   give up after this many generation batches (``algo.max_gen_batches``)
+    max_gen_batches:   give up once the prompts drawn reach this many full generation batches
+                       (``algo.max_gen_batches``; a full batch is the first, for all
+                       ``want_groups``: DAPO's limit of whole batches, whose work a refill
+                       sized to what is missing uses only part of)
     oversample:        prompts per generation batch = ``ceil(missing groups * oversample)``
     gen_batch_prompts: if > 0, a fixed number of prompts per generation batch instead
     early_stop:        stop decoding (and abort what is unfinished) once the batch is full;
@@ -169,7 +172,7 @@ class RolloutScheduler:
         group completed, then prompt index). Without dynamic sampling it is the single
         generation batch of ``want_groups`` prompts, as scored. ``generator`` seeds the
         sampling (one draw per generation batch). Raises :class:`DynamicSamplingError` when
-        ``max_gen_batches`` batches did not yield enough mixed groups.
+        the prompts of ``max_gen_batches`` full batches did not yield enough mixed groups.
         """
         self.samples = []
         self.kept_draws = []
@@ -228,12 +231,15 @@ class RolloutScheduler:
 
     def _collect_dynamic(self, next_prompts: NextPrompts, generator: torch.Generator):
         kept: list[ScoredBatch] = []
-        gen_batch = 0
+        gen_batch = drawn = 0
+        budget = self.max_gen_batches * self.batch_prompts(self.want_groups)
         while len(kept) < self.want_groups:
-            if gen_batch == self.max_gen_batches:
+            if drawn >= budget:
                 stats = self.stats(gen_batch)
-                raise DynamicSamplingError(self._give_up_message(stats), stats)
-            pairs = self._draw(next_prompts, self.batch_prompts(self.want_groups - len(kept)), gen_batch)
+                raise DynamicSamplingError(self._give_up_message(stats, drawn), stats)
+            size = self.batch_prompts(self.want_groups - len(kept))
+            pairs = self._draw(next_prompts, size, gen_batch)
+            drawn += size
             self._set_state(SampleState.GENERATING, gen_batch)
             ids = [ids for _, ids in pairs]
 
@@ -316,10 +322,11 @@ class RolloutScheduler:
             "batch/tokens_per_kept_group": float(per_group(tokens["completed"] + tokens["aborted"])),
         }
 
-    def _give_up_message(self, stats: dict[str, float]) -> str:
+    def _give_up_message(self, stats: dict[str, float], drawn: int) -> str:
         return (
             f"dynamic sampling: only {int(stats['batch/kept_groups'])} of {self.want_groups} groups with mixed "
-            f"outcomes after algo.max_gen_batches={self.max_gen_batches} generation batches "
+            f"outcomes from {drawn} prompts in {int(stats['batch/num_gen_batches'])} generation batches, the budget of "
+            f"algo.max_gen_batches={self.max_gen_batches} batches of {self.batch_prompts(self.want_groups)} prompts "
             f"({int(stats['batch/dropped_all_correct'])} groups dropped all correct, "
             f"{int(stats['batch/dropped_all_wrong'])} dropped all wrong, "
             f"{int(stats['batch/generated_samples'])} samples generated); "

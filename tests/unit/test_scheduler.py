@@ -211,6 +211,20 @@ def test_refill_draws_only_the_missing_groups(model):
     assert missing == 0
 
 
+def test_the_give_up_budget_counts_prompts_so_small_refills_go_on(model):
+    # algo.max_gen_batches=2 full batches of 4 prompts: refills of 1 use the rest of that budget
+    s, prompts = scheduler(model, score=fake_score(k=12), want_groups=4, oversample=1.0, max_gen_batches=2), Prompts()
+    batch, stats = s.collect(prompts, torch.Generator().manual_seed(1))
+    assert prompts.requests == [4, 1, 1, 1] and stats["batch/num_gen_batches"] == 4 and batch.size == 4 * N
+    check_lifecycle(s, stats)
+    # nothing kept: every refill is a full batch, and the second one exhausts the budget
+    s, prompts = scheduler(model, score=fake_score(acc_of=lambda r: False), want_groups=4, oversample=1.0, max_gen_batches=2), Prompts()
+    with pytest.raises(DynamicSamplingError, match=r"from 8 prompts in 2 generation batches, the budget of "
+                                                   r"algo.max_gen_batches=2 batches of 4 prompts"):
+        s.collect(prompts, torch.Generator().manual_seed(1))
+    assert prompts.requests == [4, 4]
+
+
 def test_without_dynamic_sampling_one_batch_as_scored(model):
     prompts = Prompts()
     s = scheduler(model, want_groups=3, dynamic=False)

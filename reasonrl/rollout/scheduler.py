@@ -90,9 +90,8 @@ class RolloutScheduler:
     want_groups:       groups in the returned batch (``train.prompts_per_step``)
     dynamic:           keep only groups with mixed outcomes (``algo.dynamic_sampling``)
     max_gen_batches:   give up once the prompts drawn reach this many full generation batches
-                       (``algo.max_gen_batches``; a full batch is the first, for all
-                       ``want_groups``: DAPO's limit of whole batches, whose work a refill
-                       sized to what is missing uses only part of)
+                       (``algo.max_gen_batches``; a full batch: ``batch_prompts(want_groups)``),
+                       DAPO's limit of whole batches; a smaller refill counts what it draws
     oversample:        prompts per generation batch = ``ceil(missing groups * oversample)``
     gen_batch_prompts: if > 0, a fixed number of prompts per generation batch instead
     early_stop:        stop decoding (and abort what is unfinished) once the batch is full;

@@ -103,7 +103,7 @@ class Controller:
         self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
         self.spikes = SpikeDetector(r.spike_window, r.spike_threshold, min_history=5, events=self.events)
         self.slow = SlowdownDetector(r.slow_window, r.slow_ratio, events=self.events)
-        self.heartbeat = None
+        self.watchdog = self.heartbeat = None
         self.last_record: dict[str, list] = {}
         """The prompt record of the last step (``prompts.jsonl``): draws made, trained, stale."""
 
@@ -324,7 +324,7 @@ class Controller:
         stop = _StopFlag()
         start = time.time()
         last: dict[str, float] = {}
-        self.heartbeat = self._heartbeat()
+        self.watchdog, self.heartbeat = self._heartbeat()
         try:
             if self.step_count == 0 and cfg.eval.every_steps:
                 with self.stage(t := {}, "testing"):
@@ -351,7 +351,7 @@ class Controller:
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
-            self.heartbeat = None
+            self.watchdog = self.heartbeat = None
             stop.restore()
             sink.close()
             prompts.close()
@@ -361,13 +361,14 @@ class Controller:
         return last
 
     def _heartbeat(self):
-        """The stage heartbeat: the hang watchdog (``resilience.hang_timeout_s``), wrapped when
-        the fault plan has stage faults."""
+        """(watchdog, stage heartbeat): the hang watchdog (``resilience.hang_timeout_s``), and
+        the heartbeat of a step's stages, the watchdog wrapped when the fault plan has stage
+        faults. A checkpoint beats the watchdog only: it is no stage of the step in progress."""
         r = self.cfg.resilience
         watchdog = StageWatchdog(r.hang_timeout_s, self.run_dir / "hang_dump.txt") if r.hang_timeout_s > 0 else None
         if any(f.kind in ("crash", "sigkill", "hang") for f in self.faults.faults):
-            return FaultyHeartbeat(watchdog, self.faults, lambda: self.step_count + 1)
-        return watchdog
+            return watchdog, FaultyHeartbeat(watchdog, self.faults, lambda: self.step_count + 1)
+        return watchdog, watchdog
 
     def close(self) -> None:
         """Stop the rollout side and the reward processes (closing twice is harmless)."""
@@ -389,8 +390,8 @@ class Controller:
     def checkpoint(self, must_succeed: bool) -> None:
         """Save the registry; a failed write (disk full, permission) leaves the previous
         checkpoints intact and is an event and a message, and an error only for the final one."""
-        if self.heartbeat is not None:
-            self.heartbeat.beat("checkpoint")
+        if self.watchdog is not None:
+            self.watchdog.beat("checkpoint")
         try:
             path = self.writer.save(self.step_count, *self.registry.capture())
         except CheckpointWriteError as err:

@@ -54,6 +54,9 @@ def test_restarts_after_crash_sigkill_checkpoint_kill_and_hang_end_bit_identical
     assert hang["stage"] == "adv" and "in _hang_forever" in hang["stack"] and "in step" in hang["stack"]
     recovered = [e for e in events if e["kind"] == "recovered"]
     assert len(recovered) == 5 and all(e["recover_s"] >= 0 for e in recovered)
+    # crash@2 fires at step 2's first stage, after step 1's checkpoint (not in the checkpoint stage)
+    crash = next(e for e in events if e["kind"] == "fault_injected" and e["fault"] == "crash@2")
+    assert crash["stage"] != "checkpoint" and recovered[0]["from_step"] == 1 and recovered[0]["steps_lost"] == 0
     # ckpt_kill died after a file of step 5 was written: step 5 was redone from step 4.
     assert any(e["kind"] == "fault_injected" and e["fault"].startswith("ckpt_kill") for e in events)
     a = load_file(clean / "checkpoints/step_8/policy.safetensors")

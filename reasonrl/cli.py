@@ -6,16 +6,22 @@
     reasonrl demo [key=value ...]                the embedded example end to end, then a report
     reasonrl report RUN_DIR [RUN_DIR ...]        PNG plots and report.html comparing runs
     reasonrl drill [--steps N] [key=value ...]   one fault of each kind on the demo: detection, recovery, ETTR
+
+Exit codes: 0 done; 1 a failure the supervisor could not recover from; 2 bad usage or input, or
+another error that a restart would meet again (one line on stderr, no restart); 128 + N after
+signal N (130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP), with a checkpoint written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
-from reasonrl.config import ConfigError, load
+from reasonrl.config import load
+from reasonrl.errors import EXIT_FATAL, FatalError
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -36,8 +42,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load(recipe, args.overrides)
     if args.no_supervisor or not cfg.resilience.supervise:
         from reasonrl.controller import Controller
+        from reasonrl.resilience.rundir import follow_supervisor
 
-        last = Controller(cfg).run()
+        follow_supervisor()
+        controller = Controller(cfg)
+        last = controller.run()
+        if controller.stopped_by is not None:
+            return 128 + controller.stopped_by
         print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith("val/")}))
         return 0
     from reasonrl.resilience.supervisor import train_supervised
@@ -68,7 +79,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from reasonrl.report import write_report
 
     cfg = load(RECIPES / "dapo.yaml", ["run.dir=runs/demo", *args.overrides])
-    last = Controller(cfg).run()
+    controller = Controller(cfg)
+    controller.run()
+    if controller.stopped_by is not None:
+        return 128 + controller.stopped_by
     from reasonrl.metrics import read_jsonl
 
     rows = [r for r in read_jsonl(Path(cfg.run.dir) / "metrics.jsonl") if "val/acc" in r]
@@ -79,7 +93,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"held-out greedy accuracy:                   {before['val/acc_greedy']:.3f} -> {after['val/acc_greedy']:.3f}")
     print(f"report: {report}")
     print(f"trained policy: {Path(cfg.run.dir) / 'final'}")
-    return 0 if last else 1
+    return 0
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
@@ -137,9 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides, args.recipe = [args.recipe, *args.overrides], None
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
+    except FatalError as err:
         print(f"reasonrl {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_FATAL
+    except KeyboardInterrupt:
+        print(f"reasonrl {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -21,14 +21,17 @@ import difflib
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from types import UnionType
-from typing import Any, Callable, Literal, Optional, Sequence, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Union, get_args, get_origin, get_type_hints
 
 import yaml
+
+from reasonrl.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -245,10 +248,25 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    every_steps: int = 0
-    """Save a checkpoint every N steps; 0: only at the end."""
+    every_steps: int = 20
+    """Save a checkpoint every N steps (and at the end); 0: by steps never."""
+    every_minutes: float = 10.0
+    """Also save one when this many minutes of training have passed since the last one
+    (a crash loses at most about this much time); 0: by time never."""
     keep: int = 2
     """Number of committed checkpoints to keep."""
+    final_retries: int = 3
+    """Attempts at the final checkpoint (one second apart, doubling) before the run stops
+    with an error; a periodic checkpoint that fails is an event and training goes on."""
+
+
+@dataclass(frozen=True)
+class ResumeConfig:
+    """What a run restarted on an existing run directory may differ in."""
+
+    allow_data_change: bool = False
+    """Resume even though the training data differs from the data the checkpoint was trained
+    on (its fingerprint is kept in the checkpoint); false: such a resume is refused."""
 
 
 @dataclass(frozen=True)
@@ -270,12 +288,21 @@ class ResilienceConfig:
     """Rolling window (steps) of the loss / grad-norm spike detector."""
     spike_threshold: float = 10.0
     """A value above median + threshold * robust scale (1.4826 MAD) is a spike."""
+    spike_min_delta: float = 0.5
+    """A spike must exceed the median by at least this much (absolute), however tight the
+    history: losses and gradient norms that sit near 0 are never spikes for small moves."""
+    spike_min_spread: float = 0.5
+    """The spread of the spike test is at least this fraction of |median|, so heavy-tailed
+    but healthy series (a gradient norm 3x its median) are not spikes."""
     spike_rollback: bool = False
     """Roll back to the last checkpoint on a spike (else only an event)."""
     slow_ratio: float = 1.5
     """A stage whose recent median time exceeds ratio x its baseline median is fail-slow."""
     slow_window: int = 8
     """Baseline window (steps) of the fail-slow detector."""
+    slow_min_s: float = 0.5
+    """A slowdown is reported only when it costs at least this many seconds a step (recent
+    minus baseline time of the stage): short stages are never fail-slow for noise."""
     rollout_workers: int = 1
     """Rollout workers sharing each generation batch; work shifts away from a slow one."""
     reward_workers: int = 0
@@ -303,12 +330,13 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     faults: tuple[str, ...] = ()
     """Injected faults ``kind@step[:key=value...]`` for drills (reasonrl/resilience/faults.py)."""
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A recipe, override or value that no run can use. The message names the source (the
     file and line, or "command line"), the dotted key, the bad value and what is allowed."""
 
@@ -355,6 +383,9 @@ def validate(cfg: Config) -> None:
     """Raise ConfigError on the first value no run can use: the ranges in ``_RANGES``, then
     the rules that tie several keys together."""
     r, a, t, s = cfg.rollout, cfg.algo, cfg.train, cfg.sft
+    for key, value in _leaves(cfg, ""):
+        if isinstance(value, float):
+            _require(math.isfinite(value), key, value, "must be a finite number")
     for key, (ok, allowed) in _RANGES.items():
         value = functools.reduce(getattr, key.split("."), cfg)
         _require(ok(value), key, value, f"must be {allowed}")
@@ -390,6 +421,16 @@ def validate(cfg: Config) -> None:
     _require(s.heads % s.kv_heads == 0, "sft.kv_heads", s.kv_heads, f"must divide sft.heads = {s.heads}")
 
 
+def _leaves(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf field under a config node, in declaration order."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, value
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The tree as nested plain dicts, tuples as lists (what ``dump`` writes)."""
     return {f.name: _plain(getattr(cfg, f.name)) for f in fields(cfg)}
@@ -413,7 +454,10 @@ def config_hash(
         "train.total_steps",
         "eval.every_steps",
         "checkpoint.every_steps",
+        "checkpoint.every_minutes",
         "checkpoint.keep",
+        "checkpoint.final_retries",
+        "resume",
         "run.threads",
         "faults",
         "resilience",
@@ -486,14 +530,33 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.lr": _POSITIVE,
     "train.warmup_steps": _NON_NEGATIVE,
     "train.weight_decay": _NON_NEGATIVE,
+    "train.grad_clip": _POSITIVE,
     "train.critic_lr": _POSITIVE,
+    "train.value_clip": _POSITIVE,
     "train.value_coef": _NON_NEGATIVE,
     "eval.every_steps": _NON_NEGATIVE,
     "eval.n_prompts": _AT_LEAST_1,
     "eval.k": (lambda v: 1 <= v <= 64, "in [1, 64]"),
     "eval.temperature": _POSITIVE,
     "checkpoint.every_steps": _NON_NEGATIVE,
+    "checkpoint.every_minutes": _NON_NEGATIVE,
     "checkpoint.keep": _AT_LEAST_1,
+    "checkpoint.final_retries": _AT_LEAST_1,
+    "resilience.max_restarts": _NON_NEGATIVE,
+    "resilience.backoff_s": _NON_NEGATIVE,
+    "resilience.hang_timeout_s": _NON_NEGATIVE,
+    "resilience.nonfinite_max_consecutive": _AT_LEAST_1,
+    "resilience.spike_window": (lambda v: v >= 5, ">= 5 (the detector needs 5 values of history)"),
+    "resilience.spike_threshold": _POSITIVE,
+    "resilience.spike_min_delta": _NON_NEGATIVE,
+    "resilience.spike_min_spread": _NON_NEGATIVE,
+    "resilience.slow_ratio": (lambda v: v > 1, "> 1"),
+    "resilience.slow_window": (lambda v: v >= 4, ">= 4 (the detector compares medians of 4 recent steps)"),
+    "resilience.slow_min_s": _NON_NEGATIVE,
+    "resilience.rollout_workers": _AT_LEAST_1,
+    "resilience.reward_workers": _NON_NEGATIVE,
+    "resilience.reward_timeout_s": _POSITIVE,
+    "resilience.reward_max_failures": _AT_LEAST_1,
     "resilience.rollout_timeout_s": _POSITIVE,
     "resilience.rollout_restarts": _NON_NEGATIVE,
 }

@@ -12,9 +12,12 @@ the final export.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -30,11 +33,14 @@ from reasonrl.config import Config, config_hash, dump
 from reasonrl.data.model import load_tokenizer
 from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.splits import load_splits, tokenize_prompts
+from reasonrl.errors import InputError, LimitError, ResumeError
 from reasonrl.evaluation import Evaluator
 from reasonrl.metrics import EventLog, MetricsSink, StepLog, read_jsonl, timed
+from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.faults import parse_faults
 from reasonrl.resilience.guards import NonFiniteGuard, SlowdownDetector, SpikeDetector, StageWatchdog
 from reasonrl.resilience.injection import FaultyHeartbeat, FaultyPolicy, FaultyRewards, FaultyRollout, checkpoint_writer
+from reasonrl.resilience.rundir import RunLock, check_run_dir
 from reasonrl.resilience.shards import ShardedRollouts
 from reasonrl.rollout.source import AsyncSource, RolloutProducer, SyncSource
 from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout, setup_torch
@@ -42,10 +48,6 @@ from reasonrl.types import Prompt, TrainBatch
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker, trainer_numerics
 
 GROUP_ESTIMATORS = {"grpo": algo.grpo, "dr_grpo": algo.dr_grpo, "lite_ppo": algo.lite_ppo, "rloo": algo.rloo}
-
-
-class ResumeError(RuntimeError):
-    pass
 
 
 def build_producer(cfg: Config, model_dir: Path, prompts: list[Prompt], prompt_ids: list[list[int]], threads: int) -> RolloutProducer:
@@ -73,12 +75,37 @@ class _Role:
         self.group.call("reset")
 
 
+def data_fingerprint(prompts: list[Prompt]) -> str:
+    """sha256 (hex) of the training prompts (id, text, ground truth, in order): what a
+    checkpoint was trained on, so a resume on other data is noticed."""
+    digest = hashlib.sha256()
+    for p in prompts:
+        digest.update(json.dumps([p.id, p.text, p.ground_truth], sort_keys=True, default=str).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
 class Controller:
+    """Builds the workers of a run from its Config and trains them (``run()``).
+
+    The run directory is locked for the controller's life (one trainer per directory) and
+    nothing is written to it until the resume check has passed: a refused resume leaves the
+    directory as it was. ``close()`` releases everything.
+    """
+
     def __init__(self, cfg: Config, log=print) -> None:
         self.cfg = cfg
         self.log = log
         self.run_dir = Path(cfg.run.dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        check_run_dir(self.run_dir)
+        self.lock = RunLock(self.run_dir, "trainer").acquire()
+        try:
+            self._build(cfg, log)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _build(self, cfg: Config, log) -> None:
         setup_torch(cfg.run.threads, cfg.run.deterministic)
         torch.manual_seed(cfg.run.seed)
         self.events = EventLog(self.run_dir)
@@ -89,20 +116,28 @@ class Controller:
         limit = cfg.data.max_prompt_len
         train_ids = tokenize_prompts(train, tokenizer, limit, cfg.data.source)
         test_ids = tokenize_prompts(test, tokenizer, limit, cfg.data.test_source or cfg.data.source)
+        self.fingerprint = data_fingerprint(train)
         self.step_count = 0
         self.version = 0
         """The policy version the next batch is trained from (the last one published)."""
+        self.updates_applied = 0
+        """Steps whose update was applied and not undone by a rollback (checkpointed)."""
+        self.stopped_by: int | None = None
+        """The signal (SIGINT, SIGTERM) that stopped ``run()`` early, if one did."""
+        self.data_changed: str | None = None
+        """The fingerprint of the checkpoint's data when it differs and resume.allow_data_change allowed it."""
         self.faults = parse_faults(list(cfg.faults)).bind(self.run_dir)
         kinds = {f.kind for f in self.faults.faults}
         rollout_side = kinds & {"slow", "reward_timeout", "reward_error"}
         if rollout_side and cfg.rollout.mode != "sync":
-            raise ValueError(f"faults: {', '.join(sorted(rollout_side))} act on the rollout side, which rollout.mode="
+            raise InputError(f"faults: {', '.join(sorted(rollout_side))} act on the rollout side, which rollout.mode="
                              f"{cfg.rollout.mode} runs in a rollout process of its own; rehearse them with rollout.mode=sync")
         clock = lambda: self.step_count + 1  # noqa: E731 - the step the faults see
         r = cfg.resilience
         self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
-        self.spikes = SpikeDetector(r.spike_window, r.spike_threshold, min_history=5, events=self.events)
-        self.slow = SlowdownDetector(r.slow_window, r.slow_ratio, events=self.events)
+        self.spikes = SpikeDetector(r.spike_window, r.spike_threshold, min_history=5, min_spread=r.spike_min_spread,
+                                    min_delta=r.spike_min_delta, events=self.events)
+        self.slow = SlowdownDetector(r.slow_window, r.slow_ratio, min_s=r.slow_min_s, events=self.events)
         self.watchdog = self.heartbeat = None
         self.last_record: dict[str, list] = {}
         """The prompt record of the last step (``prompts.jsonl``): draws made, trained, stale."""
@@ -186,7 +221,7 @@ class Controller:
             if got.errors:
                 self.events.emit("reward_failed", step, samples=len(got.errors), errors=got.errors[:3])
             if self.shards is None:
-                self.slow.update("gen", 0, step, metrics["timing_s/rollout_gen"] / max(len(got.record["drawn"]), 1))
+                self.slow.update("gen", 0, step, metrics["timing_s/rollout_gen"], work=max(len(got.record["drawn"]), 1))
             rollout = scored.rollout
             loss_mask = rollout.response_mask
             if cfg.algo.overlong_filter:
@@ -228,7 +263,7 @@ class Controller:
         if self.shards is not None:
             metrics.update(self.shards.shares)
         # Time per trained token: skipped rows (train.skip_zero_advantage) cost nothing.
-        self.slow.update("update_actor", 0, step, t["timing_s/update_actor"] / (actor_metrics["trained_tokens"] or 1.0))
+        self.slow.update("update_actor", 0, step, t["timing_s/update_actor"], work=actor_metrics["trained_tokens"] or 1.0)
         self.step_count = step
         return metrics
 
@@ -263,6 +298,8 @@ class Controller:
         """Non-finite and spike guards after an update; roll back to the last checkpoint when due."""
         [finite] = self.policy.call("params_finite")
         verdict = self.nonfinite.check(step, actor["loss"], actor["grad_norm"], finite)
+        if verdict == "ok":
+            self.updates_applied += 1
         spiked = [name for name in ("grad_norm", "loss") if self.spikes.update(f"actor/{name}", step, actor[name])]
         if verdict == "rollback" or (spiked and self.cfg.resilience.spike_rollback):
             self.rollback(step, reason="non-finite updates" if verdict == "rollback" else f"spike in {', '.join(spiked)}")
@@ -275,10 +312,13 @@ class Controller:
         if path is None:
             for role in self.registry.rollback_entries:
                 role.reset()
+            from_step, self.updates_applied = 0, 0
         else:
-            _, tensors, state = load_checkpoint(path)
+            from_step, tensors, state = load_checkpoint(path)
             self.registry.restore(tensors, state, rollback=True)
-        self.events.emit("rollback", step, reason=reason, to=str(path or self.model_dir), recover_s=time.time() - began)
+            self.updates_applied = state["controller"]["updates_applied"]
+        self.events.emit("rollback", step, reason=reason, to=str(path or self.model_dir), from_step=from_step,
+                         recover_s=time.time() - began)
 
     def advantages(self, scored, mask: torch.Tensor, values: torch.Tensor | None):
         """(advantages [B, T], returns [B, T] or None) for algo.adv_estimator."""
@@ -305,12 +345,19 @@ class Controller:
 
     # ---------------------------------------------------------------- run
     def run(self) -> dict[str, float]:
-        """Train to train.total_steps, resuming from the newest committed checkpoint."""
+        """Train to train.total_steps, resuming from the newest committed checkpoint.
+
+        SIGINT or SIGTERM ends it after the current step with a checkpoint (``stopped_by``
+        says which; a second SIGINT interrupts at once). A run that never applied an update
+        (every step skipped or rolled back) is a LimitError and exports nothing."""
         cfg = self.cfg
-        dump(cfg, self.run_dir / "config.yaml")
-        resumed = self.resume()
-        if not resumed:
-            self.events.emit("resume", 0, from_step=0, path=None)
+        try:
+            resumed = self.resume()
+        except BaseException:
+            self.close()
+            raise
+        dump(cfg, self.run_dir / "config.yaml")  # only now: a refused resume writes nothing
+        self._emit_resume(resumed)
         self.publish()  # the rollout side starts from the trainer's weights
         sink = MetricsSink(self.run_dir, cfg.train.total_steps, progress=cfg.run.progress)
         prompts = StepLog(self.run_dir / "prompts.jsonl")
@@ -319,10 +366,9 @@ class Controller:
         sink.truncate_after(self.step_count if resumed else -1)
         prompts.truncate_after(self.step_count)
         self.events.emit("start", self.step_count, resumed=resumed, pid=os.getpid())
-        first_start = next(e["time"] for e in read_jsonl(self.run_dir / "events.jsonl") if e["kind"] == "start")
-        productive = sum(r.get("timing_s/step", 0.0) for r in read_jsonl(self.run_dir / "metrics.jsonl"))
+        step_s = step_seconds(read_jsonl(self.run_dir / "metrics.jsonl"))
         stop = _StopFlag()
-        start = time.time()
+        start = last_checkpoint = time.time()
         last: dict[str, float] = {}
         self.watchdog, self.heartbeat = self._heartbeat()
         try:
@@ -330,35 +376,62 @@ class Controller:
                 with self.stage(t := {}, "testing"):
                     last = self.validate()
                 sink.log(0, {**last, **t, "time": time.time() - start})
-            while self.step_count < cfg.train.total_steps and not stop.set:
+            while self.step_count < cfg.train.total_steps and not stop.signum:
                 metrics = self.step()
                 every = cfg.eval.every_steps
                 if every and (self.step_count % every == 0 or self.step_count == cfg.train.total_steps):
                     with self.stage(metrics, "testing"):
                         metrics.update(self.validate())
-                productive += metrics["timing_s/step"]
+                step_s[self.step_count] = metrics["timing_s/step"]
                 metrics["time"] = time.time() - start
-                metrics.update(self.effective_time(first_start, productive))
+                metrics.update(self.effective_time(step_s))
                 sink.log(self.step_count, metrics)
                 prompts.log(self.step_count, self.last_record)
                 last.update(metrics)
-                c = cfg.checkpoint.every_steps
-                final = self.step_count == cfg.train.total_steps
-                if (c and self.step_count % c == 0) or final or stop.set:
-                    self.checkpoint(must_succeed=final)
+                if self.checkpoint_due(last_checkpoint) or stop.signum:
+                    self.checkpoint(final=self.step_count == cfg.train.total_steps)
+                    last_checkpoint = time.time()
             if self.step_count >= cfg.train.total_steps:
                 self.events.emit("rollout_leftover", self.step_count, **self.source.leftover())
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             self.watchdog = self.heartbeat = None
+            self.stopped_by = stop.signum
             stop.restore()
             sink.close()
             prompts.close()
             self.close()
         if self.step_count >= cfg.train.total_steps:
+            if self.updates_applied == 0:
+                raise LimitError(
+                    f"{self.run_dir}: no update was applied in {self.step_count} steps (every one was skipped as "
+                    f"non-finite or rolled back; see {self.events.path}); final/ is not exported. Check train.lr, "
+                    "train.grad_clip and the reward function")
             self.policy.call("export", self.run_dir / "final")
         return last
+
+    def _emit_resume(self, resumed: bool) -> None:
+        """The events of a resume that passed its check (nothing is written before it)."""
+        for info in self.skipped_checkpoints:
+            self.events.emit("checkpoint_skipped", info.step, path=str(info.path), reason=info.reason)
+        if self.data_changed is not None:
+            self.events.emit("data_changed", self.step_count, fingerprint=self.fingerprint, checkpoint=self.data_changed)
+        if resumed:
+            self.events.emit("resume", self.step_count, from_step=self.step_count, path=str(self.resumed_from))
+            self.log(f"resumed from {self.resumed_from} (step {self.step_count})")
+        else:
+            self.events.emit("resume", 0, from_step=0, path=None)
+
+    def checkpoint_due(self, last_checkpoint: float) -> bool:
+        """After a step: every checkpoint.every_steps steps, every checkpoint.every_minutes
+        minutes of training, and at the last step."""
+        c = self.cfg.checkpoint
+        return (
+            self.step_count == self.cfg.train.total_steps
+            or (c.every_steps > 0 and self.step_count % c.every_steps == 0)
+            or (c.every_minutes > 0 and time.time() - last_checkpoint >= 60 * c.every_minutes)
+        )
 
     def _heartbeat(self):
         """(watchdog, stage heartbeat): the hang watchdog (``resilience.hang_timeout_s``), and
@@ -371,44 +444,50 @@ class Controller:
         return watchdog, watchdog
 
     def close(self) -> None:
-        """Stop the rollout side and the reward processes (closing twice is harmless)."""
+        """Stop the rollout side and the reward processes, release the run directory (closing
+        twice is harmless)."""
         self.source.close()
         self._reward.close()
+        self.lock.release()
 
-    def effective_time(self, first_start: float, productive: float) -> dict[str, float]:
-        """ETTR = productive step time / wall time since the run first started; time lost =
-        wall - productive; MTTR = mean recovery time of the supervisor's ``recovered`` events."""
-        wall = max(time.time() - first_start, 1e-9)
-        recoveries = [e["recover_s"] for e in read_jsonl(self.run_dir / "events.jsonl") if e["kind"] == "recovered"]
-        return {
-            "ettr": productive / wall,
-            "time_lost_s": wall - productive,
-            "mttr_s": sum(recoveries) / len(recoveries) if recoveries else 0.0,
-        }
+    def effective_time(self, step_s: dict[int, float]) -> dict[str, float]:
+        """``ettr``, ``time_lost_s`` and ``mttr_s`` so far (:mod:`reasonrl.resilience.ettr`)."""
+        figures = effective_time(read_jsonl(self.events.path) if self.events.path.exists() else [], step_s)
+        return {"ettr": figures["ettr"], "time_lost_s": figures["lost_s"], "mttr_s": figures["mttr_s"]}
 
     # ---------------------------------------------------------------- checkpoints
-    def checkpoint(self, must_succeed: bool) -> None:
-        """Save the registry; a failed write (disk full, permission) leaves the previous
-        checkpoints intact and is an event and a message, and an error only for the final one."""
-        if self.watchdog is not None:
-            self.watchdog.beat("checkpoint")
-        try:
-            path = self.writer.save(self.step_count, *self.registry.capture())
-        except CheckpointWriteError as err:
-            self.events.emit("checkpoint_failed", self.step_count, error=str(err))
-            print(f"reasonrl: {err}; the previous checkpoint is intact", file=sys.stderr)
-            if must_succeed:
-                raise
+    def checkpoint(self, final: bool) -> None:
+        """Save the registry. A failed write (disk full, permissions, the serialiser) leaves the
+        previous checkpoints intact and is a ``checkpoint_failed`` event with its cause in words;
+        training goes on. The final one is tried checkpoint.final_retries times (waiting 1 s,
+        2 s, ...) and then a LimitError."""
+        attempts = self.cfg.checkpoint.final_retries if final else 1
+        for attempt in range(1, attempts + 1):
+            if self.watchdog is not None:
+                self.watchdog.beat("checkpoint")
+            try:
+                path = self.writer.save(self.step_count, *self.registry.capture())
+            except CheckpointWriteError as err:
+                self.events.emit("checkpoint_failed", self.step_count, error=str(err), cause=err.cause, attempt=attempt,
+                                 final=final)
+                print(f"reasonrl: {err}; the previous checkpoint is intact", file=sys.stderr)
+                if attempt == attempts:
+                    if final:
+                        raise LimitError(f"the final checkpoint could not be written in {attempts} attempts ({err.cause}): "
+                                         f"{err}; the previous checkpoint is intact and a rerun resumes from it") from err
+                    return
+                time.sleep(2 ** (attempt - 1))
+                continue
+            self.events.emit("checkpoint", self.step_count, path=str(path))
             return
-        self.events.emit("checkpoint", self.step_count, path=str(path))
 
     def resume(self) -> bool:
-        """Load the newest valid committed checkpoint, if any; refuse an incompatible config."""
+        """Load the newest valid committed checkpoint, if any; refuse an incompatible config or
+        changed data (ResumeError) before anything is restored or written."""
         root = self.run_dir / "checkpoints"
-        for info in list_checkpoints(root) if root.exists() else []:
-            if not info.valid:
-                self.events.emit("checkpoint_skipped", info.step, path=str(info.path), reason=info.reason)
+        self.skipped_checkpoints = [i for i in list_checkpoints(root) if not i.valid] if root.exists() else []
         path = find_latest(root) if root.exists() else None
+        self.resumed_from = path
         if path is None:
             return False
         step, tensors, state = load_checkpoint(path)
@@ -416,21 +495,32 @@ class Controller:
             raise ResumeError(f"{path}: written by an older reasonrl (no 'controller' state); use a new run.dir")
         self.registry.restore(tensors, state)
         self.step_count = step
-        self.events.emit("resume", step, from_step=step, path=str(path))
-        self.log(f"resumed from {path} (step {step})")
         return True
 
     def state_dict(self) -> dict[str, Any]:
-        """``config_hash``: a resume must match it."""
-        return {"config_hash": config_hash(self.cfg)}
+        """``config_hash`` and ``data_fingerprint``: a resume must match them;
+        ``updates_applied``: the count of updates that stand."""
+        return {"config_hash": config_hash(self.cfg), "data_fingerprint": self.fingerprint,
+                "updates_applied": self.updates_applied}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["config_hash"] != config_hash(self.cfg):
             raise ResumeError(
                 f"{self.run_dir}: the checkpoint was written with a different configuration "
                 f"(hash {state['config_hash'][:12]} vs {config_hash(self.cfg)[:12]}); only run.dir, run.progress, run.threads, "
-                "train.total_steps, eval.every_steps and checkpoint.* may change on resume. Use a new run.dir."
+                "train.total_steps, eval.every_steps, checkpoint.*, resume.* and resilience.* may change on resume. Use a new run.dir."
             )
+        if "data_fingerprint" not in state or "updates_applied" not in state:
+            raise ResumeError(f"{self.run_dir}: the checkpoint was written by an older reasonrl (no data fingerprint); "
+                              "use a new run.dir")
+        if state["data_fingerprint"] != self.fingerprint:
+            if not self.cfg.resume.allow_data_change:
+                raise ResumeError(
+                    f"{self.run_dir}: the training data differs from the data the checkpoint was trained on "
+                    f"({self.cfg.data.source}: fingerprint {self.fingerprint[:12]}, checkpoint {state['data_fingerprint'][:12]}); "
+                    "to continue on the new data anyway, add resume.allow_data_change=true; otherwise use a new run.dir")
+            self.data_changed = state["data_fingerprint"]
+        self.updates_applied = int(state["updates_applied"])
 
 
 def _colocated(cfg: Config) -> Config:
@@ -467,14 +557,25 @@ def batch_metrics(batch: TrainBatch) -> dict[str, float]:
 
 
 class _StopFlag:
-    """Set on SIGTERM: the run checkpoints after the current step and exits cleanly."""
+    """Set by SIGINT or SIGTERM: the run checkpoints after the current step and ends.
+    ``signum`` is the first such signal; a second SIGINT interrupts at once (KeyboardInterrupt)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self.set = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self.signum: int | None = None
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
     def _handle(self, signum, frame) -> None:
-        self.set = True
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.signum is None:
+            self.signum = signum
+            print(f"\nreasonrl: {signal.Signals(signum).name}: stopping after this step, with a checkpoint "
+                  "(press Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
 
     def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)

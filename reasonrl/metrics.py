@@ -28,6 +28,8 @@ from typing import Any, Iterator
 
 from tqdm import tqdm
 
+from reasonrl.errors import InputError
+
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -67,7 +69,7 @@ def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], bool]:
         try:
             rows.append(json.loads(line, object_hook=_decode_non_finite))
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: line {number} is not valid JSON ({err.msg})") from err
+            raise InputError(f"{path}: line {number} is not valid JSON ({err.msg})") from err
     if not tail.strip():
         return rows, True
     try:

@@ -19,17 +19,21 @@ from typing import Any
 import yaml
 from matplotlib.figure import Figure
 
+from reasonrl.errors import InputError, InputNotFound
 from reasonrl.metrics import read_jsonl
+from reasonrl.resilience.ettr import effective_time, step_seconds
 
 _PASS_AT_K = re.compile(r"^val/pass@\d+$")
 
 
 @dataclass
 class Run:
-    """One run directory's label and metric rows."""
+    """One run directory's label, metric rows and, with an event log, its ETTR figures
+    (:func:`~reasonrl.resilience.ettr.effective_time`, as ``summary.json`` has them)."""
 
     label: str
     rows: list[dict[str, Any]]
+    figures: dict[str, Any] | None = None
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """The steps that have ``key`` and its values there."""
@@ -47,20 +51,22 @@ def load_run(run_dir: str | Path) -> Run:
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+        raise InputNotFound(f"run directory {run_dir} does not exist")
     if not metrics.is_file():
-        raise FileNotFoundError(f"run directory {run_dir} has no metrics.jsonl ({metrics} not found)")
+        raise InputNotFound(f"run directory {run_dir} has no metrics.jsonl ({metrics} not found)")
     rows = read_jsonl(metrics)
     if not rows:
-        raise ValueError(f"{metrics} has no metric rows")
+        raise InputError(f"{metrics} has no metric rows")
     for number, row in enumerate(rows, start=1):
         if not isinstance(row.get("step"), int):
-            raise ValueError(f"{metrics}: row {number} has step={row.get('step')!r}, expected an integer")
+            raise InputError(f"{metrics}: row {number} has step={row.get('step')!r}, expected an integer")
     label = run_dir.resolve().name
     estimator = _adv_estimator(run_dir / "config.yaml")
     if estimator:
         label = f"{label} ({estimator})"
-    return Run(label, rows)
+    events = run_dir / "events.jsonl"
+    figures = effective_time(read_jsonl(events), step_seconds(rows)) if events.is_file() else None
+    return Run(label, rows, figures)
 
 
 def _adv_estimator(config_path: Path) -> str | None:
@@ -69,7 +75,7 @@ def _adv_estimator(config_path: Path) -> str | None:
     try:
         config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ValueError(f"{config_path}: not valid YAML ({err})") from err
+        raise InputError(f"{config_path}: not valid YAML ({err})") from err
     algo = config.get("algo") if isinstance(config, dict) else None
     return algo.get("adv_estimator") if isinstance(algo, dict) else None
 
@@ -176,6 +182,7 @@ def summary(run: Run) -> dict[str, str]:
     _, score = run.series("critic/score/mean")
     _, wall = run.series("time")
     finite_val = [v for v in val if math.isfinite(v)]
+    figures = run.figures
     return {
         "run": run.label,
         "steps": str(run.rows[-1]["step"]),
@@ -185,9 +192,9 @@ def summary(run: Run) -> dict[str, str]:
         "val/acc_greedy first": _fmt(greedy[0] if greedy else None),
         "val/acc_greedy last": _fmt(greedy[-1] if greedy else None),
         "final critic/score/mean": _fmt(score[-1] if score else None),
-        "ETTR": _fmt(run.rows[-1].get("ettr")),
-        "time lost (s)": _fmt(run.rows[-1].get("time_lost_s")),
-        "MTTR (s)": _fmt(run.rows[-1].get("mttr_s")),
+        "ETTR": _fmt(figures["ettr"] if figures else run.rows[-1].get("ettr")),
+        "time lost (s)": _fmt(figures["lost_s"] if figures else run.rows[-1].get("time_lost_s")),
+        "MTTR (s)": _fmt(figures["mttr_s"] if figures else run.rows[-1].get("mttr_s")),
         "wall time (h:mm:ss)": _fmt_duration(run.rows[-1].get("time")),
     }
 
@@ -233,7 +240,7 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path | None = None) 
     ValueError for a metrics.jsonl without rows.
     """
     if not run_dirs:
-        raise ValueError("write_report: expected at least one run directory, got none")
+        raise InputError("write_report: expected at least one run directory, got none")
     runs = [load_run(d) for d in run_dirs]
     if out_dir is None:
         first = Path(run_dirs[0])

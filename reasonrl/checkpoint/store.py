@@ -56,7 +56,40 @@ _in_flight: set[Path] = set()
 
 
 class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written; every previously committed checkpoint is intact."""
+    """A checkpoint could not be written; every previously committed checkpoint is intact.
+    ``cause`` says why in words ("no space left on device", "permission denied", ...)."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def _cause(err: BaseException) -> str:
+    """Why a write failed, in words: the OS error's text, or the exception's first line."""
+    if isinstance(err, OSError) and err.errno is not None:
+        return os.strerror(err.errno).lower()
+    text = str(err).strip().split("\n", 1)[0]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+class _RecordingFile:
+    """A binary file that remembers the first OSError of a write: ``torch.save`` turns a failed
+    write (disk full) into an opaque ``RuntimeError: ... unexpected pos``; the recorded error
+    is what the caller reports instead."""
+
+    def __init__(self, f) -> None:
+        self._f = f
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
 
 
 class CheckpointCorruptError(RuntimeError):
@@ -97,8 +130,10 @@ class CheckpointWriter:
         newer ones (left by a timeline the run rolled back from) are deleted, as are
         ``.tmp-`` directories of dead writers.
 
-        On an OSError the temporary directory is removed, earlier checkpoints are untouched,
-        and CheckpointWriteError names the checkpoint path and the OS error.
+        On any failure while writing (an OSError such as a full disk or a missing permission, or
+        an exception from the serialiser) the temporary directory is removed, earlier
+        checkpoints are untouched, and CheckpointWriteError names the checkpoint path and the
+        cause in words.
         """
         root = self.root
         _check_arguments(step, tensors, state)
@@ -109,8 +144,8 @@ class CheckpointWriter:
             tmp.mkdir()
             marker = self._write_contents(tmp, step, tensors, state)
             self._publish(tmp, step, marker)
-        except OSError as err:
-            raise CheckpointWriteError(f"cannot write checkpoint {final}: {err}") from err
+        except Exception as err:  # noqa: BLE001 - any failure leaves the committed checkpoints as they were
+            raise CheckpointWriteError(f"cannot write checkpoint {final}: {err}", _cause(err)) from err
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             _in_flight.discard(tmp)
@@ -118,16 +153,27 @@ class CheckpointWriter:
         return final
 
     def write_file(self, path: Path, write: Callable[[Any], Any]) -> None:
-        """Create ``path``, fill it with ``write(file)``, and fsync it."""
+        """Create ``path``, fill it with ``write(file)``, and fsync it; a failed write is raised
+        as its OSError, whatever ``write`` made of it."""
         try:
-            with open(path, "xb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
+            with self.open_file(path) as raw:
+                f = _RecordingFile(raw)
+                try:
+                    write(f)
+                except Exception:
+                    if f.error is not None:
+                        raise f.error from None
+                    raise
+                raw.flush()
+                os.fsync(raw.fileno())
         except OSError as err:
             if err.filename is None:
                 err.filename = str(path)
             raise
+
+    def open_file(self, path: Path):
+        """A new binary file at ``path`` for one part of a checkpoint (exclusive create)."""
+        return open(path, "xb")
 
     def _write_contents(self, tmp: Path, step: int, tensors: dict, state: dict) -> bytes:
         """Write the parts, state.pt and manifest.json into ``tmp``; return the marker bytes."""

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
+from reasonrl.errors import InputError, InputNotFound
 from reasonrl.types import Prompt
 
 SUFFIXES = (".jsonl", ".parquet")
@@ -33,16 +34,16 @@ def load_prompts(path: str, prompt_key: str = "prompt", answer_key: str = "groun
     """All prompts of a ``.jsonl`` or ``.parquet`` file, in file order."""
     file = Path(path)
     if file.suffix not in SUFFIXES:
-        raise ValueError(f"{file}: unsupported file type {file.suffix!r}; expected one of {', '.join(SUFFIXES)}")
+        raise InputError(f"{file}: unsupported file type {file.suffix!r}; expected one of {', '.join(SUFFIXES)}")
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: no such prompt file")
+        raise InputNotFound(f"{file}: no such prompt file")
     rows = _jsonl_rows(file) if file.suffix == ".jsonl" else _parquet_rows(file)
     prompts = [
         _to_prompt(row, index, f"{file} {where}", prompt_key, answer_key, file.stem)
         for index, (where, row) in enumerate(rows)
     ]
     if not prompts:
-        raise ValueError(f"{file}: the file has no rows; expected at least one prompt")
+        raise InputError(f"{file}: the file has no rows; expected at least one prompt")
     return prompts
 
 
@@ -72,7 +73,7 @@ def _jsonl_rows(file: Path) -> Iterator[tuple[str, Any]]:
                 yield where, json.loads(raw)
             except ValueError as e:
                 message = f"{file} {where}: invalid JSON ({e}); expected one JSON object per line"
-                raise ValueError(message) from None
+                raise InputError(message) from None
 
 
 def _parquet_rows(file: Path) -> Iterator[tuple[str, Any]]:
@@ -83,7 +84,7 @@ def _parquet_rows(file: Path) -> Iterator[tuple[str, Any]]:
     try:
         table = pq.read_table(file)
     except (pa.ArrowException, OSError) as e:
-        raise ValueError(f"{file}: cannot read as parquet ({e})") from None
+        raise InputError(f"{file}: cannot read as parquet ({e})") from None
     keep = [name for name in table.column_names if not name.startswith("__index_level_")]
     for number, row in enumerate(table.select(keep).to_pylist(), start=1):
         yield f"row {number}", row
@@ -91,7 +92,7 @@ def _parquet_rows(file: Path) -> Iterator[tuple[str, Any]]:
 
 def _to_prompt(row: Any, index: int, where: str, prompt_key: str, answer_key: str, stem: str) -> Prompt:
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}")
     text = _prompt_text(_field(row, prompt_key, where, ()), where, prompt_key)
     answer_keys = (answer_key,) if answer_key == VERL_ANSWER_KEY else (answer_key, VERL_ANSWER_KEY)
     used_key, answer = _first_field(row, answer_keys, where)
@@ -113,7 +114,7 @@ def _field(row: dict, key: str, where: str, also_tried: tuple[str, ...]) -> Any:
     if value is _MISSING or value is None:
         tried = "".join(f" (also tried {k!r})" for k in also_tried)
         state = "is null" if value is None else "is missing"
-        raise ValueError(f"{where}: field {key!r} {state}{tried}; the row has fields {sorted(row)}")
+        raise InputError(f"{where}: field {key!r} {state}{tried}; the row has fields {sorted(row)}")
     return value
 
 
@@ -146,7 +147,7 @@ def _prompt_text(value: Any, where: str, key: str) -> str | list[dict[str, str]]
         return value
     if isinstance(value, list):
         return _messages(value, where, key)
-    raise ValueError(
+    raise InputError(
         f"{where}: field {key!r} is a {type(value).__name__}; expected a string or a list of chat messages"
     )
 
@@ -154,11 +155,11 @@ def _prompt_text(value: Any, where: str, key: str) -> str | list[dict[str, str]]
 def _messages(items: list, where: str, key: str) -> list[dict[str, str]]:
     """Validated copies ``{"role", "content"}`` of chat messages."""
     if not items:
-        raise ValueError(f"{where}: field {key!r} is an empty message list; expected at least one message")
+        raise InputError(f"{where}: field {key!r} is an empty message list; expected at least one message")
     out = []
     for i, m in enumerate(items):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise ValueError(
+            raise InputError(
                 f"{where}: field {key!r} message {i} is {_short(m)}; "
                 'expected a list of {"role": str, "content": str} objects'
             )
@@ -173,7 +174,7 @@ def _ground_truth(value: Any, where: str, key: str) -> str:
         return str(value)
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else str(value)
-    raise ValueError(
+    raise InputError(
         f"{where}: field {key!r} is a {type(value).__name__} ({_short(value)}); expected a string or a number"
     )
 

@@ -20,6 +20,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from reasonrl.errors import InputError, InputNotFound
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -53,19 +55,48 @@ def build_tiny_model(
         return Qwen2ForCausalLM(config)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""A model directory needs at least one of these beside its weights."""
+
+
+def check_device(device: str) -> None:
+    """InputError naming ``run.device`` when this torch build or machine cannot use ``device``."""
+    kind, _, index = device.partition(":")
+    if kind == "cuda":
+        if torch.version.cuda is None or not torch.cuda.is_available():
+            why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
+            raise InputError(f"run.device = {device!r}: {why} (torch {torch.__version__}); use run.device=cpu")
+        if index and int(index) >= torch.cuda.device_count():
+            raise InputError(f"run.device = {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif kind == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"run.device = {device!r}: MPS is not available here; use run.device=cpu")
+
+
 def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
-    """A causal LM from a local Hugging Face model directory (nothing is downloaded)."""
+    """A causal LM from a local Hugging Face model directory (nothing is downloaded); a
+    directory whose weights cannot be read (missing, truncated, mismatched) is an InputError."""
     _check_model_dir(path)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], local_files_only=True)
+    check_device(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - every way a local directory fails to load is its problem
+        raise InputError(f"model.path: cannot load the model in {path}: {_first_line(err)}") from err
     return model.to(device)
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer saved beside a model; it must define an EOS token (padding falls back to it)."""
     _check_model_dir(path)
-    tok = _tokenizer_class(Path(path)).from_pretrained(str(path), local_files_only=True)
+    p = Path(path)
+    if not any((p / name).is_file() for name in TOKENIZER_FILES):
+        raise InputError(f"model.path: {p} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
+                         "save the tokenizer beside the model with tokenizer.save_pretrained(dir)")
+    try:
+        tok = _tokenizer_class(p).from_pretrained(str(path), local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - as for the weights
+        raise InputError(f"model.path: cannot load the tokenizer in {path}: {_first_line(err)}") from err
     if tok.eos_token_id is None:
-        raise ValueError(f"model.path: the tokenizer in {path} has no eos_token; set one in tokenizer_config.json")
+        raise InputError(f"model.path: the tokenizer in {path} has no eos_token; set one in tokenizer_config.json")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -86,10 +117,15 @@ def _tokenizer_class(path: Path) -> type:
     return AutoTokenizer
 
 
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().split("\n", 1)[0]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
 def _check_model_dir(path: str | Path) -> None:
     p = Path(path)
     if not (p / "config.json").is_file():
-        raise FileNotFoundError(
+        raise InputNotFound(
             f"model.path: {p} is not a Hugging Face model directory (no config.json there); "
             "give 'embedded' or a local directory written by save_pretrained"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from reasonrl.config import Config
 from reasonrl.data import tasks
 from reasonrl.data.datasets import load_prompts, render_prompt
+from reasonrl.errors import InputError
 from reasonrl.types import Prompt
 
 
@@ -20,15 +21,15 @@ def load_splits(cfg: Config) -> tuple[list[Prompt], list[Prompt]]:
         return train, load_prompts(d.test_source, d.prompt_key, d.answer_key)
     held = cfg.eval.n_prompts
     if len(train) <= held:
-        raise ValueError(f"data.source: {d.source} has {len(train)} rows, too few to hold out eval.n_prompts={held}; give data.test_source")
+        raise InputError(f"data.source: {d.source} has {len(train)} rows, too few to hold out eval.n_prompts={held}; give data.test_source")
     return train[held:], train[:held]
 
 
 def tokenize_prompts(prompts: list[Prompt], tokenizer, max_len: int, source: str) -> list[list[int]]:
     """Token ids of each prompt as the model sees it (chat template applied); a prompt longer
-    than ``max_len`` tokens (``data.max_prompt_len``) is a ValueError naming it and ``source``."""
+    than ``max_len`` tokens (``data.max_prompt_len``) is an InputError naming it and ``source``."""
     ids = tokenizer([render_prompt(p, tokenizer) for p in prompts])["input_ids"]
     for p, row in zip(prompts, ids):
         if len(row) > max_len:
-            raise ValueError(f"data.max_prompt_len: prompt {p.id} of {source} has {len(row)} tokens, more than {max_len}")
+            raise InputError(f"data.max_prompt_len: prompt {p.id} of {source} has {len(row)} tokens, more than {max_len}")
     return ids

@@ -20,6 +20,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from reasonrl.errors import InputError
 from reasonrl.types import Prompt
 
 TEST_BUCKETS = 5
@@ -99,7 +100,7 @@ def generate(families: tuple[str, ...] | list[str], size: int, seed: int, split:
     """
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not families:
-        raise ValueError(f"data.families: unknown task families {unknown or list(families)}; allowed: {sorted(FAMILIES)}")
+        raise InputError(f"data.families: unknown task families {unknown or list(families)}; allowed: {sorted(FAMILIES)}")
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     rng = random.Random(f"{seed}-{split}")
@@ -110,7 +111,7 @@ def generate(families: tuple[str, ...] | list[str], size: int, seed: int, split:
     while len(out) < size:
         attempts += 1
         if attempts > 200 * size + 1000:
-            raise ValueError(f"cannot draw {size} distinct {split} problems from families {list(families)}")
+            raise InputError(f"cannot draw {size} distinct {split} problems from families {list(families)}")
         p = FAMILIES[families[len(out) % len(families)]](rng)
         if in_test_split(p.question) != want_test or (want_test and p.question in seen):
             continue

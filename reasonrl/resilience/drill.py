@@ -4,12 +4,14 @@ One clean supervised run, then one supervised run per fault of the standard plan
 on its own run directory with the same config. For every fault the table says whether
 it was detected (its incident event is in events.jsonl), how many seconds detection and
 recovery took, how many steps were redone, whether the final weights are bit-identical
-to the clean run's, and the run's ETTR (productive step time / wall time).
+to the clean run's, and the run's ETTR (:mod:`reasonrl.resilience.ettr`: productive step time
+over productive plus lost time).
 
 Faults that end in a restart from a checkpoint (crash, SIGKILL, hang, kill during a
-checkpoint write) must give bit-identical weights. Faults handled inside the process
-change the training on purpose (a skipped NaN update, failed reward samples, work moved
-off a slow worker), so their weights are expected to differ.
+checkpoint write) must give bit-identical weights, and so must a checkpoint that meets a full
+disk (training goes on untouched). Faults handled inside the process change the training on
+purpose (a skipped NaN update, failed reward samples, work moved off a slow worker), so their
+weights are expected to differ.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ class Drill:
     incident: str
     """The events.jsonl kind that shows it was detected."""
     restarts: bool
-    """Recovered by a restart from the last checkpoint (weights must match the clean run)."""
+    """Recovered by a restart from the last checkpoint."""
+    equal: bool
+    """The final weights must match the clean run's bit for bit."""
     extra: tuple[str, ...] = ()
     """Overrides this drill needs."""
 
@@ -41,14 +45,16 @@ def standard_plan(steps: int) -> list[Drill]:
     """One fault of each kind, at about a third of the run, on a checkpoint step where it matters."""
     s = max(4, steps // 3) // 4 * 4
     return [
-        Drill(f"crash@{s + 1}", "crash", True),
-        Drill(f"sigkill@{s + 1}:stage=update_actor", "killed", True),
-        Drill(f"hang@{s + 1}:stage=gen", "hang", True),
-        Drill(f"ckpt_kill@{s}", "killed", True),
-        Drill(f"nan@{s + 1}", "nonfinite", False),
-        Drill(f"slow@{s}:worker=1:factor=3:steps={steps}", "slowdown", False, ("resilience.rollout_workers=2",)),
-        Drill(f"reward_timeout@{s + 1}:count=4", "reward_failed", False, ("resilience.reward_workers=1", "resilience.reward_timeout_s=2")),
-        Drill(f"reward_error@{s + 1}:count=4", "reward_failed", False),
+        Drill(f"crash@{s + 1}", "crash", True, True),
+        Drill(f"sigkill@{s + 1}:stage=update_actor", "killed", True, True),
+        Drill(f"hang@{s + 1}:stage=gen", "hang", True, True),
+        Drill(f"ckpt_kill@{s}", "killed", True, True),
+        Drill(f"disk_full@{s}", "checkpoint_failed", False, True),
+        Drill(f"nan@{s + 1}", "nonfinite", False, False),
+        Drill(f"slow@{s}:worker=1:factor=3:steps={steps}", "slowdown", False, False, ("resilience.rollout_workers=2",)),
+        Drill(f"reward_timeout@{s + 1}:count=4", "reward_failed", False, False,
+              ("resilience.reward_workers=1", "resilience.reward_timeout_s=2")),
+        Drill(f"reward_error@{s + 1}:count=4", "reward_failed", False, False),
     ]
 
 
@@ -59,6 +65,7 @@ def drill_overrides(steps: int) -> list[str]:
         f"train.total_steps={steps}",
         "eval.every_steps=0",
         "checkpoint.every_steps=4",
+        "checkpoint.every_minutes=0",
         "resilience.hang_timeout_s=10",
         "resilience.backoff_s=0.5",
         "run.progress=false",
@@ -87,9 +94,9 @@ def outcome(drill: Drill, run_dir: Path, clean_dir: Path, steps: int) -> dict:
             row["recover_s"] = recovered["recover_s"] if recovered else None
             row["steps_lost"] = recovered["steps_lost"] if recovered else None
         else:
-            row["recover_s"] = 0.0  # handled in the step it happened: skipped, failed sample, or work moved
+            row["recover_s"] = 0.0  # handled in the step it happened: skipped, failed sample, work moved, next checkpoint
     row["weights_equal"] = _same_weights(run_dir, clean_dir, steps)
-    row["expected_equal"] = drill.restarts
+    row["expected_equal"] = drill.equal
     return row
 
 
@@ -114,7 +121,7 @@ def format_table(rows: list[dict], ettr: float) -> str:
             f"| {r['fault']} | {'yes' if r['detected'] else 'NO'} | {f(r['detect_s'])} | {f(r['recover_s'])} | "
             f"{f(r['steps_lost'])} | {'yes' if r['weights_equal'] else 'no'} | {'yes' if r['expected_equal'] else 'no'} | {r['ettr']:.3f} |"
         )
-    lines.append(f"\nETTR over the whole drill (all runs, productive step time / wall time): {ettr:.3f}")
+    lines.append(f"\nETTR over the whole drill (all runs, productive / (productive + lost) step time): {ettr:.3f}")
     return "\n".join(lines)
 
 
@@ -139,5 +146,5 @@ def run_drill(cfg_overrides: list[str], root: Path, steps: int, recipe: Path) ->
         row["wall_s"] = round(time.time() - began, 1)
         rows.append(row)
     productive = sum(r["summary"]["productive_s"] for r in results)
-    wall = sum(r["summary"]["wall_s"] for r in results)
-    return rows, productive / wall
+    lost = sum(r["summary"]["time_lost_s"] for r in results)
+    return rows, productive / (productive + lost)

@@ -19,6 +19,8 @@ Kinds and keys (defaults in brackets):
                                     that stage of that worker takes ``factor`` times longer
                                     for ``steps`` steps from ``step`` on
     ckpt_kill       -               SIGKILL in the middle of writing that step's checkpoint
+    disk_full       count [1]       the first ``count`` checkpoints from that step on find the
+                                    disk full (ENOSPC while torch.save writes state.pt)
     reward_timeout  count [1]       the reward of the first ``count`` samples sleeps past its timeout
     reward_error    count [1]       the reward of the first ``count`` samples raises
 
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from reasonrl.errors import InputError
 from reasonrl.metrics import EventLog, write_atomic
 
 FIRED_FILE = "faults_fired.json"
@@ -69,6 +72,7 @@ KINDS: dict[str, dict[str, Any]] = {
     "nan": {},
     "slow": {"factor": 3.0, "worker": 0, "stage": "gen", "steps": 8},
     "ckpt_kill": {},
+    "disk_full": {"count": 1},
     "reward_timeout": {"count": 1},
     "reward_error": {"count": 1},
 }
@@ -94,8 +98,8 @@ class Fault:
         return dict(self.params)[key]
 
 
-def _spec_error(spec: str, problem: str) -> ValueError:
-    return ValueError(f"fault spec {spec!r}: {problem}")
+def _spec_error(spec: str, problem: str) -> InputError:
+    return InputError(f"faults: fault spec {spec!r}: {problem}")
 
 
 def _parse_one(spec: str) -> Fault:
@@ -127,7 +131,7 @@ def _parse_one(spec: str) -> Fault:
 
 
 def parse_faults(specs: list[str]) -> FaultPlan:
-    """A FaultPlan from spec strings; ValueError names the spec, the bad part and what is allowed.
+    """A FaultPlan from spec strings; InputError names the spec, the bad part and what is allowed.
 
     Two specs describing the same fault (same canonical spec) are an error.
     """

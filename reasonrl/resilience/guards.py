@@ -98,11 +98,14 @@ class NonFiniteGuard:
 class SpikeDetector:
     """Flags upward spikes in named series (``loss``, ``grad_norm``, ...) with a robust z-test.
 
-    Rule: with ``h`` the last ``window`` accepted values of the series, ``m = median(h)`` and
-    ``scale = max(1.4826 * median(|h - m|), rel_floor * |m|, 1e-8)``, a value ``v`` is a
-    spike when ``len(h) >= min_history`` and ``v > m + threshold * scale``. Values that are
-    not spikes join the history; spikes do not, so a run of spikes cannot drag the baseline
-    up. Non-finite values are left to ``NonFiniteGuard``: they are neither spikes nor history.
+    Rule: with ``h`` the last ``window`` accepted values of the series, ``m = median(h)``,
+    ``scale = max(1.4826 * median(|h - m|), min_spread * |m|, 1e-8)`` and
+    ``limit = m + max(threshold * scale, min_delta)``, a value ``v`` is a spike when
+    ``len(h) >= min_history`` and ``v > limit``. The two floors keep healthy series quiet: a
+    loss near 0 with a near-0 spread moves by less than ``min_delta``, and a heavy-tailed
+    gradient norm stays within ``threshold * min_spread`` times its median. Values that are not
+    spikes join the history; spikes do not, so a run of spikes cannot drag the baseline up.
+    Non-finite values are left to ``NonFiniteGuard``: they are neither spikes nor history.
     """
 
     def __init__(
@@ -110,21 +113,24 @@ class SpikeDetector:
         window: int,
         threshold: float,
         min_history: int,
-        rel_floor: float = 0.05,
+        min_spread: float = 0.5,
+        min_delta: float = 0.5,
         events: EventLog | None = None,
     ) -> None:
         if not 1 <= min_history <= window:
             raise ValueError(
                 f"SpikeDetector: min_history={min_history}, window={window}; expected 1 <= min_history <= window"
             )
-        if threshold <= 0 or rel_floor < 0:
+        if threshold <= 0 or min_spread < 0 or min_delta < 0:
             raise ValueError(
-                f"SpikeDetector: threshold={threshold}, rel_floor={rel_floor}; expected threshold > 0, rel_floor >= 0"
+                f"SpikeDetector: threshold={threshold}, min_spread={min_spread}, min_delta={min_delta}; "
+                "expected threshold > 0, min_spread >= 0, min_delta >= 0"
             )
         self.window = window
         self.threshold = threshold
         self.min_history = min_history
-        self.rel_floor = rel_floor
+        self.min_spread = min_spread
+        self.min_delta = min_delta
         self.events = events
         self._history: dict[str, deque[float]] = {}
 
@@ -137,8 +143,8 @@ class SpikeDetector:
         if len(history) >= self.min_history:
             median = statistics.median(history)
             mad = statistics.median(abs(x - median) for x in history)
-            scale = max(_MAD_TO_STD * mad, self.rel_floor * abs(median), _MIN_SCALE)
-            limit = median + self.threshold * scale
+            scale = max(_MAD_TO_STD * mad, self.min_spread * abs(median), _MIN_SCALE)
+            limit = median + max(self.threshold * scale, self.min_delta)
             if value > limit:
                 if self.events is not None:
                     self.events.emit("spike", step, series=name, value=value, median=median, limit=limit)
@@ -184,10 +190,13 @@ class _Series:
 class SlowdownDetector:
     """Two-window change-point test for fail-slow workers (stragglers).
 
-    Per (stage, worker) the last ``min_steps`` durations form the *recent* window and the
-    ``window`` durations before them the *baseline*. Rule: an onset is reported when the
-    baseline holds at least ``min_steps`` samples and
-    ``median(recent) > ratio * median(baseline)``. Medians make one noisy step harmless:
+    Each sample is a stage's time per unit of its work (``seconds / work``: per prompt, per
+    trained token). Per (stage, worker) the last ``min_steps`` samples form the *recent*
+    window and the ``window`` samples before them the *baseline*. Rule: an onset is reported
+    when the baseline holds at least ``min_steps`` samples,
+    ``median(recent) > ratio * median(baseline)`` and the slowdown costs at least ``min_s``
+    seconds at this step's work, ``(median(recent) - median(baseline)) * work >= min_s``
+    (a stage of milliseconds is never fail-slow for noise). Medians make one noisy step harmless:
     it cannot move the median of ``min_steps >= 3`` samples past the others. While slow,
     samples leaving the recent window are dropped instead of joining the baseline, so the
     baseline stays the pre-onset one; the detector re-arms (and logs ``slowdown_recovered``)
@@ -200,25 +209,28 @@ class SlowdownDetector:
         window: int = 8,
         ratio: float = 1.5,
         min_steps: int = 4,
+        min_s: float = 0.0,
         events: EventLog | None = None,
     ) -> None:
-        if window < min_steps or min_steps < 1 or ratio <= 1:
+        if window < min_steps or min_steps < 1 or ratio <= 1 or min_s < 0:
             raise ValueError(
-                f"SlowdownDetector: window={window}, ratio={ratio}, min_steps={min_steps}; "
-                "expected 1 <= min_steps <= window and ratio > 1"
+                f"SlowdownDetector: window={window}, ratio={ratio}, min_steps={min_steps}, min_s={min_s}; "
+                "expected 1 <= min_steps <= window, ratio > 1 and min_s >= 0"
             )
         self.window = window
         self.ratio = ratio
         self.min_steps = min_steps
+        self.min_s = min_s
         self.events = events
         self._series: dict[tuple[str, int], _Series] = {}
 
-    def update(self, stage: str, worker: int, step: int, seconds: float) -> Slowdown | None:
-        """Record one duration; return a Slowdown at the onset of a sustained slowdown."""
+    def update(self, stage: str, worker: int, step: int, seconds: float, work: float = 1.0) -> Slowdown | None:
+        """Record one stage's ``seconds`` for ``work`` units; return a Slowdown at the onset
+        of a sustained slowdown."""
         series = self._series.setdefault((stage, worker), _Series(self.window, self.min_steps))
         if len(series.recent) == self.min_steps and not series.slow:
             series.baseline.append(series.recent[0])
-        series.recent.append(float(seconds))
+        series.recent.append(float(seconds) / max(float(work), _MIN_SCALE))
         if len(series.baseline) < self.min_steps or len(series.recent) < self.min_steps:
             return None
         baseline = statistics.median(series.baseline)
@@ -229,7 +241,7 @@ class SlowdownDetector:
                 if self.events is not None:
                     self.events.emit("slowdown_recovered", step, stage=stage, worker=worker, recent_s=recent)
             return None
-        if recent <= self.ratio * baseline:
+        if recent <= self.ratio * baseline or (recent - baseline) * work < self.min_s:
             return None
         series.slow = True
         first_slow = next(i for i, s in enumerate(series.recent) if s > self.ratio * baseline)

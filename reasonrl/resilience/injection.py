@@ -6,13 +6,14 @@ for real. Production code never sees a fault; the controller wraps what the plan
     policy = FaultyPolicy(policy_worker, plan, clock)     nan: that step's update has a NaN loss
     rollout = FaultyRollout(rollout_worker, plan, w, clock)  slow: worker w's generation drags
     reward = FaultyRewards(reward_worker, plan, clock)    reward_timeout, reward_error
-    writer = checkpoint_writer(root, keep, plan)          ckpt_kill: SIGKILL mid-write
+    writer = checkpoint_writer(root, keep, plan)          ckpt_kill: SIGKILL mid-write; disk_full: ENOSPC
 
 ``clock()`` returns the training step being run (1-based).
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -24,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from reasonrl.checkpoint import CheckpointWriter
+from reasonrl.errors import InputError
 from reasonrl.resilience.faults import FaultPlan
 from reasonrl.reward.pool import RewardPool
 
@@ -150,8 +152,61 @@ class _KillingWriter(CheckpointWriter):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class _FullFile:
+    """A file on a disk that fills up after ``room`` bytes: later writes raise ENOSPC, as the
+    kernel's would."""
+
+    def __init__(self, f, room: int) -> None:
+        self._f, self.room = f, room
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self._f.write(data)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+
+class _FullDiskWriter(CheckpointWriter):
+    """From a disk_full fault's step on, the next ``count`` checkpoints meet a full disk: their
+    ``state.pt`` (written by torch.save) runs out of space after 4 KiB."""
+
+    def __init__(self, root: Path, keep: int, plan: FaultPlan) -> None:
+        super().__init__(root, keep)
+        self.plan = plan
+        self.left = 0
+        self._full = False
+
+    def save(self, step: int, tensors, state) -> Path:
+        due = next((f for f in self.plan.faults if f.kind == "disk_full" and f.step <= step and f.spec not in self.plan.fired), None)
+        if due is not None:
+            self.plan.mark(due)
+            self.left = due.get("count")
+        self._full = self.left > 0
+        self.left -= self._full
+        return super().save(step, tensors, state)
+
+    def open_file(self, path: Path):
+        f = super().open_file(path)
+        return _FullFile(f, 4096) if self._full and path.name == "state.pt" else f
+
+
 def checkpoint_writer(root: Path, keep: int, plan: FaultPlan) -> CheckpointWriter:
-    """The run's checkpoint writer: one that dies mid-write when the plan has a ckpt_kill fault."""
-    if any(f.kind == "ckpt_kill" for f in plan.faults):
+    """The run's checkpoint writer: one that dies mid-write (ckpt_kill) or meets a full disk
+    (disk_full) when the plan has such a fault."""
+    kinds = {f.kind for f in plan.faults}
+    if "ckpt_kill" in kinds and "disk_full" in kinds:
+        raise InputError("faults: ckpt_kill and disk_full both act on the checkpoint writer; rehearse them in separate runs")
+    if "ckpt_kill" in kinds:
         return _KillingWriter(root, keep, plan)
+    if "disk_full" in kinds:
+        return _FullDiskWriter(root, keep, plan)
     return CheckpointWriter(root, keep)

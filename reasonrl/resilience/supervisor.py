@@ -18,7 +18,13 @@ step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind`
 - ``recovered``: ``step`` = first new step, ``recover_s`` (detection of the first unrecovered
   failure to that step), ``steps_lost``, ``from_step``, ``failures`` (failures it covers).
 - ``gave_up``: ``restarts``, ``message``. ``stopped``: ``signal``, ``returncode``.
-  ``done``: ``restarts``, ``wall_s``.
+  ``done``: ``restarts``, ``wall_s``. ``fatal``: ``returncode`` (2) and ``message``, the
+  child's last stderr line: an error a restart would meet again (:mod:`reasonrl.errors`),
+  which ends supervision at once.
+
+A failure counts as recovered only once a restarted child has trained a step past the one it
+resumed from (or has finished the run). ``summary.json`` holds the figures of
+:func:`reasonrl.resilience.ettr.effective_time`.
 
 The child itself writes ``start`` (each start) and ``resume`` (with ``from_step``) events.
 """
@@ -39,8 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.config import Config
+from reasonrl.errors import EXIT_FATAL
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
+from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.guards import read_hang_dump
+from reasonrl.resilience.rundir import RunLock, check_run_dir
 
 HANG_DUMP = "hang_dump.txt"
 """The stack dump the child's faulthandler watchdog writes before it exits."""
@@ -54,14 +63,8 @@ STACK_CHARS = 20_000
 TAIL_LINES = 50
 """Lines of the child's stderr kept for a failure event."""
 
-LIFECYCLE_KINDS = frozenset({"start", "resume", "recovered", "done", "stopped", "checkpoint", "slowdown_recovered"})
-"""Event kinds that record the run's course rather than an incident."""
-
-USAGE_ERROR = 2
-"""Exit code of ``reasonrl`` for bad configuration or input: never restarted."""
-
 _POLL_S = 0.1
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -154,13 +157,14 @@ class _StderrTail:
 class _Child:
     """One run of the trainer command in its own process group, with its exit time recorded."""
 
-    def __init__(self, command: list[str], env: dict[str, str] | None) -> None:
+    def __init__(self, command: list[str], env: dict[str, str] | None, pass_fds: tuple[int, ...]) -> None:
         self.started = time.time()
         self.proc = subprocess.Popen(
             command,
             env=None if env is None else {**os.environ, **env},
             stderr=subprocess.PIPE,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
         self.tail = _StderrTail(self.proc.stderr)
         self.exit_time = 0.0
@@ -220,11 +224,13 @@ def _mtime(path: Path) -> float | None:
 class _Supervisor:
     """The restart loop behind ``supervise``: one child at a time, failures classified and logged."""
 
-    def __init__(self, command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None) -> None:
+    def __init__(self, command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None,
+                 pass_fds: tuple[int, ...]) -> None:
         self.command = command
         self.run_dir = run_dir
         self.policy = policy
         self.env = env
+        self.pass_fds = pass_fds
         self.events = EventLog(run_dir)
         self.metrics = run_dir / "metrics.jsonl"
         self.restarts = 0
@@ -239,7 +245,7 @@ class _Supervisor:
         """Run children until one succeeds, a stop signal arrives or restarts run out."""
         started = time.monotonic()
         while True:
-            child = self.child = _Child(self.command, self.env)
+            child = self.child = _Child(self.command, self.env, self.pass_fds)
             hang, detected = self._watch(child)
             child.reap()
             returncode = child.proc.returncode
@@ -248,9 +254,11 @@ class _Supervisor:
                     self._recovered(child, finished=True)
                 self.events.emit("done", self._last_step(), restarts=self.restarts, wall_s=time.monotonic() - started)
                 return 0
-            if self.stop_signal is None and returncode == USAGE_ERROR:
-                # Bad config or data: the same command would fail the same way again.
-                self.events.emit("fatal", self._last_step(), returncode=returncode)
+            if self.stop_signal is None and returncode == EXIT_FATAL:
+                # Bad config or data, a deterministic limit: the same command would fail the same way again.
+                tail = child.tail.text().strip()
+                self.events.emit("fatal", self._last_step(), returncode=returncode,
+                                 message=tail.rsplit("\n", 1)[-1] if tail else "")
                 return returncode
             if self.stop_signal is None:
                 incident = self._failure(child, hang, detected)
@@ -261,7 +269,7 @@ class _Supervisor:
             if self.stop_signal is not None:
                 self.events.emit("stopped", self._last_step(), signal=_signal_name(self.stop_signal),
                                  returncode=returncode)
-                return returncode
+                return 128 + self.stop_signal
             self.restarts += 1
 
     def _watch(self, child: _Child) -> tuple[tuple[str, float] | None, float]:
@@ -362,18 +370,19 @@ class _Supervisor:
             self.pending.failures += 1
 
     def _recovered(self, child: _Child, finished: bool = False) -> None:
-        """Log ``recovered`` once the child has written a metrics row that is not one of the
-        rows from before the failure (or has finished)."""
+        """Log ``recovered`` once the child has trained a step past the one it resumed from (a
+        metrics row with a step time that is not one of the rows from before the failure), or
+        has finished the run."""
         pending = self.pending
+        resumes = [e for e in _rows(self.events.path) if e["kind"] == "resume" and e["time"] >= child.started]
+        if not resumes and not finished:
+            return
+        from_step = resumes[-1]["from_step"] if resumes else pending.last_step
         rows = _rows(self.metrics)
-        new = next((i for i, row in enumerate(rows) if i >= len(pending.rows) or row != pending.rows[i]), None)
+        new = next((i for i, row in enumerate(rows) if "timing_s/step" in row and row["step"] > from_step
+                    and (i >= len(pending.rows) or row != pending.rows[i])), None)
         if new is None and not finished:
             return
-        resumes = [e for e in _rows(self.events.path) if e["kind"] == "resume" and e["time"] >= child.started]
-        if resumes:
-            from_step = resumes[-1]["from_step"]
-        else:
-            from_step = rows[new]["step"] - 1 if new is not None else pending.last_step
         step = rows[new]["step"] if new is not None else (rows[-1]["step"] if rows else None)
         self.events.emit("recovered", step, recover_s=time.time() - pending.since,
                          steps_lost=max(0, pending.last_step - from_step), from_step=from_step,
@@ -397,7 +406,8 @@ class _Supervisor:
         print(f"reasonrl supervisor: {message}", file=sys.stderr, flush=True)
 
     def on_signal(self, signum: int, frame) -> None:
-        """Ctrl-C or SIGTERM: ask the child to checkpoint and stop (SIGTERM); a second one kills it."""
+        """Ctrl-C, SIGTERM or SIGHUP: ask the child to checkpoint and stop (SIGTERM); a second
+        one kills it."""
         child = self.child
         if self.stop_signal is None:
             self.stop_signal = signum
@@ -408,19 +418,22 @@ class _Supervisor:
         self.wake.set()
 
 
-def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None = None) -> SupervisorResult:
+def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None = None,
+              pass_fds: tuple[int, ...] = ()) -> SupervisorResult:
     """Run ``command`` (the trainer) until it exits 0, restarting it after failures.
 
     The child runs in its own process group with our stdout and stderr (its last stderr lines
-    are kept for the events); ``env`` adds variables to ours. Each failure is classified as a
-    hang, a kill by a signal or a crash and logged to ``run_dir/events.jsonl`` (see the module
-    docstring); after ``policy.max_restarts`` restarts a ``gave_up`` event ends supervision.
-    SIGINT and SIGTERM sent to this process (main thread only) are forwarded to the child as
-    SIGTERM, so it checkpoints and exits; that is not a failure, and a second signal kills it.
+    are kept for the events); ``env`` adds variables to ours and ``pass_fds`` are inherited.
+    Each failure is classified as a hang, a kill by a signal or a crash and logged to
+    ``run_dir/events.jsonl`` (see the module docstring); after ``policy.max_restarts``
+    restarts a ``gave_up`` event ends supervision, and exit code 2 (an error that would repeat)
+    ends it at once. SIGINT, SIGTERM and SIGHUP sent to this process (main thread only) are
+    forwarded to the child as SIGTERM, so it checkpoints and exits; that is not a failure, the
+    return code is then 128 + the signal's number, and a second signal kills the child.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    sup = _Supervisor(list(command), run_dir, policy, env)
+    sup = _Supervisor(list(command), run_dir, policy, env, tuple(pass_fds))
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {signum: signal.signal(signum, sup.on_signal) for signum in _STOP_SIGNALS}
@@ -437,36 +450,15 @@ def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dic
 
 
 def summarize_run(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
-    """Effective training time ratio and fault figures of a run directory.
-
-    ``productive_s`` sums ``timing_s/step`` over the steps in ``metrics.jsonl`` (each step
-    once, its last row); ``wall_s`` is the argument, else the time from the first ``start``
-    event to the last event (metrics rows carry only seconds since their process started). Returns ``ettr`` =
-    productive / wall, ``wall_s``, ``productive_s``, ``time_lost_s`` = wall - productive,
-    ``mttr_s`` (mean ``recover_s`` of the ``recovered`` events, 0 without any), ``steps_lost``
-    (their sum), ``steps`` and ``incidents`` (event counts by kind, lifecycle kinds left out).
-    Note that ``supervise``'s ``wall_s`` covers one invocation only.
-    """
+    """The figures of :func:`~reasonrl.resilience.ettr.effective_time` for a run directory
+    (``time_lost_s`` being its ``lost_s``), plus ``wall_s`` when given (one invocation's
+    supervised seconds: informational, ETTR does not use it)."""
     run_dir = Path(run_dir)
-    steps = {row["step"]: row for row in _rows(run_dir / "metrics.jsonl")}
-    events = _rows(run_dir / "events.jsonl")
-    productive = sum(float(row.get("timing_s/step", 0.0)) for row in steps.values())
-    if wall_s is None:
-        starts = [e["time"] for e in events if e["kind"] == "start"]
-        if not starts:
-            raise ValueError(f"{run_dir / 'events.jsonl'}: no 'start' event to measure wall time from; pass wall_s")
-        wall_s = max(e["time"] for e in events) - min(starts)
-    recoveries = [e for e in events if e["kind"] == "recovered"]
-    return {
-        "ettr": productive / wall_s if wall_s > 0 else 0.0,
-        "wall_s": wall_s,
-        "productive_s": productive,
-        "time_lost_s": wall_s - productive,
-        "mttr_s": sum(e["recover_s"] for e in recoveries) / len(recoveries) if recoveries else 0.0,
-        "steps_lost": sum(e["steps_lost"] for e in recoveries),
-        "steps": len(steps),
-        "incidents": dict(collections.Counter(e["kind"] for e in events if e["kind"] not in LIFECYCLE_KINDS)),
-    }
+    figures = effective_time(_rows(run_dir / "events.jsonl"), step_seconds(_rows(run_dir / "metrics.jsonl")))
+    figures["time_lost_s"] = figures.pop("lost_s")
+    if wall_s is not None:
+        figures["wall_s"] = wall_s
+    return figures
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -475,14 +467,22 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def train_supervised(cfg: Config, command: list[str]) -> int:
-    """Run ``command`` (a trainer) under the supervisor; write and print the run's summary."""
+    """Run ``command`` (a trainer) under the supervisor, holding the run directory's lock with
+    it; write and print the run's summary. RunDirError when the directory is unusable or
+    another trainer holds it."""
     r = cfg.resilience
     # The parent's heartbeat check backs up the in-process watchdog, so it waits longer.
     heartbeat = 2 * r.hang_timeout_s if r.hang_timeout_s > 0 else float("inf")
     policy = RestartPolicy(max_restarts=r.max_restarts, backoff_s=r.backoff_s, heartbeat_timeout_s=heartbeat)
     run_dir = Path(cfg.run.dir)
-    result = supervise(command, run_dir, policy)
-    summary = summarize_run(run_dir)
-    write_summary(run_dir, summary)
+    check_run_dir(run_dir)
+    lock = RunLock(run_dir, "supervisor").acquire()
+    try:
+        pass_fds, env = lock.inherit()
+        result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds)
+        summary = summarize_run(run_dir, wall_s=result.wall_s)
+        write_summary(run_dir, summary)
+    finally:
+        lock.release()
     print(json.dumps({"restarts": result.restarts, **{k: summary[k] for k in ("ettr", "mttr_s", "time_lost_s", "steps_lost", "incidents")}}))
     return result.returncode

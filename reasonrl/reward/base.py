@@ -8,6 +8,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from reasonrl.errors import InputError
 from reasonrl.reward.math import boxed_score, dapo_score
 
 FAILURE_SCORE = -1.0
@@ -32,26 +33,26 @@ class RewardFn(Protocol):
 def load_reward_fn(spec: str) -> RewardFn:
     """The reward function named by ``spec``: ``"dapo"``, ``"boxed"`` or ``"package.module:function"``.
 
-    Raises ValueError naming the spec when the module cannot be imported, has no such
+    Raises InputError naming the spec when the module cannot be imported, has no such
     attribute, or the attribute is not callable.
     """
     if spec in BUILTIN:
         return BUILTIN[spec]
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"reward function {spec!r}: unknown name; expected {_ALLOWED}")
+        raise InputError(f"reward function {spec!r}: unknown name; expected {_ALLOWED}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(
+        raise InputError(
             f"reward function {spec!r}: cannot import module {module_name!r} ({e}); expected {_ALLOWED}"
         ) from e
     try:
         fn = getattr(module, attr)
     except AttributeError:
-        raise ValueError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+        raise InputError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
     if not callable(fn):
-        raise ValueError(f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not a callable")
+        raise InputError(f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not a callable")
     return fn
 
 

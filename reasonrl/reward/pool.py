@@ -21,14 +21,16 @@ from multiprocessing.connection import wait
 
 import torch
 
+from reasonrl.errors import InputError, LimitError
 from reasonrl.reward.base import FAILURE_SCORE, RewardFn, load_reward_fn, score_batch
 
 _START_TIMEOUT_S = 120.0
 _Result = tuple[float, bool, bool, str]  # score, acc, failed, error ("" when scored)
 
 
-class RewardFailureError(RuntimeError):
-    """More consecutive reward samples failed than the pool allows."""
+class RewardFailureError(LimitError, RuntimeError):
+    """More consecutive reward samples failed than the pool allows (the reward function is
+    broken: a restart would fail the same way)."""
 
 
 def _score_one(fn: RewardFn, text: str, truth: str) -> _Result:
@@ -69,7 +71,7 @@ class _Worker:
         error = self._startup_error()
         if error:
             self.stop(kill=True)
-            raise RuntimeError(f"reward worker could not load {fn_spec!r}: {error}")
+            raise InputError(f"reward.fn: the reward worker could not load {fn_spec!r}: {error}")
         self.pending: deque[int] = deque()
         self.deadline = math.inf
 

@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from reasonrl.decoder import LeanDecoder
+from reasonrl.errors import InputError
 from reasonrl.rollout.base import copy_weights
 from reasonrl.rollout.hf import assemble, draw_seed, pad_prompts, response_mask
 from reasonrl.types import RolloutBatch, SamplingParams
@@ -160,7 +161,7 @@ class FastGenerator:
         try:
             self.decoder = LeanDecoder(model)
         except ValueError as err:
-            raise ValueError(f"rollout.backend=fast: {err}; use rollout.backend=hf") from None
+            raise InputError(f"rollout.backend=fast: {err}; use rollout.backend=hf") from None
         self.model = model
         self.pad_id = pad_id
         self.eos_id = eos_id

@@ -39,6 +39,7 @@ from typing import Callable
 import torch
 
 from reasonrl import algo
+from reasonrl.errors import LimitError
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch
 
 ScoreFn = Callable[[RolloutBatch, list[Prompt]], ScoredBatch]
@@ -48,8 +49,9 @@ NextPrompts = Callable[[int], list[tuple[Prompt, list[int]]]]
 """``next_prompts(k)``: the next ``k`` prompts and their token ids (advances the sampler)."""
 
 
-class DynamicSamplingError(RuntimeError):
-    """Dynamic sampling gave up: too few mixed-outcome groups within max_gen_batches."""
+class DynamicSamplingError(LimitError, RuntimeError):
+    """Dynamic sampling gave up: too few mixed-outcome groups within max_gen_batches (the
+    same seed would give up at the same step again)."""
 
     def __init__(self, message: str, stats: dict[str, float]) -> None:
         super().__init__(message)

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from reasonrl.config import load
-from reasonrl.controller import Controller, ResumeError
+from reasonrl.controller import Controller
+from reasonrl.errors import ResumeError
 from reasonrl.data.model import load_model
 from reasonrl.metrics import read_jsonl
 from reasonrl.rollout.scheduler import DynamicSamplingError

@@ -227,7 +227,7 @@ def test_dump_round_trip(tmp_path):
             "algo.dual_clip=3",
             "algo.eps_high=0.28",
             "train.lr=1e-10",
-            "sft.lr=.inf",
+            "sft.lr=1e300",
             "run.progress=false",
         ],
     )

@@ -64,7 +64,7 @@ def test_params_finite():
 
 
 def test_spike_detected_and_kept_out_of_history(tmp_path):
-    det = SpikeDetector(window=10, threshold=5.0, min_history=4, events=EventLog(tmp_path))
+    det = SpikeDetector(window=10, threshold=5.0, min_history=4, min_spread=0.0, min_delta=0.0, events=EventLog(tmp_path))
     values = [1.0, 1.1, 0.9, 1.05]
     # Too little history: even a large value is accepted.
     assert not any(det.update("loss", s, v) for s, v in enumerate(values[:3]))
@@ -80,16 +80,23 @@ def test_spike_detected_and_kept_out_of_history(tmp_path):
     assert event["kind"] == "spike" and event["series"] == "loss" and event["value"] == 9.0
 
 
-def test_spike_scale_floor_for_constant_series():
-    det = SpikeDetector(window=8, threshold=3.0, min_history=3)
+def test_spike_floors_keep_tight_and_heavy_tailed_series_quiet():
+    det = SpikeDetector(window=8, threshold=3.0, min_history=3, min_spread=0.05, min_delta=0.0)
     for step in range(5):
-        assert not det.update("loss", step, 2.0)  # MAD 0: the floor is 5% of |median| = 0.1
-    assert not det.update("loss", 5, 2.29)
+        assert not det.update("loss", step, 2.0)  # MAD 0: the spread is 5% of |median| = 0.1
+    assert not det.update("loss", 5, 2.29)  # limit 2 + 3 * 0.1 = 2.3
     assert det.update("loss", 6, 2.31)
-    zeros = SpikeDetector(window=8, threshold=3.0, min_history=3)
+    # A loss that sits at 0 with no spread: only a move of min_delta (0.5) is a spike.
+    zeros = SpikeDetector(window=8, threshold=3.0, min_history=3, min_delta=0.5)
     for step in range(3):
         zeros.update("loss", step, 0.0)
-    assert not zeros.update("loss", 3, 0.0) and zeros.update("loss", 4, 1e-3)
+    assert not zeros.update("loss", 3, 0.49) and zeros.update("loss", 4, 0.51)
+    # A gradient norm 5.8x its median is healthy noise with the default spread floor (half the
+    # median): median 0.5, MAD 0.02 -> spread max(0.0297, 0.25) = 0.25, limit 0.5 + 10 * 0.25 = 3.0.
+    grad = SpikeDetector(window=20, threshold=10.0, min_history=5)
+    for step, value in enumerate([0.5, 0.55, 0.45, 0.5, 0.52]):
+        assert not grad.update("grad_norm", step, value)
+    assert not grad.update("grad_norm", 5, 2.9) and grad.update("grad_norm", 6, 3.1)
 
 
 def test_spike_resume_is_exact():
@@ -138,6 +145,17 @@ def test_rearms_after_recovery():
     assert onsets == [11, 31]  # a 3x slowdown lifts the median of 4 past 1.5x after 2 samples
     assert hits[11].detected_after_steps == 2
     assert hits[31].baseline_s == 1.0  # slow samples never entered the baseline
+
+
+def test_a_slowdown_must_cost_min_s_seconds_a_step():
+    # Per-token update times of a 4000-token step: 1.6x slower, yet 0.2 ms * 4000 = 0.8 s more.
+    quick = SlowdownDetector(window=8, ratio=1.5, min_steps=4, min_s=1.0)
+    hits = [quick.update("update_actor", 0, i, s * 4000, work=4000) for i, s in enumerate([1e-4] * 10 + [1.6e-4] * 10)]
+    assert not any(hits)  # 0.24 s more a step: below the 1 s floor
+    costly = SlowdownDetector(window=8, ratio=1.5, min_steps=4, min_s=1.0)
+    hits = [costly.update("gen", 0, i, s, work=8) for i, s in enumerate([1.0] * 10 + [3.0] * 10)]
+    (onset,) = [h for h in hits if h is not None]
+    assert onset.step == 11 and onset.baseline_s == 1.0 / 8  # seconds per prompt; 2 s more a step
 
 
 def test_noise_never_triggers():

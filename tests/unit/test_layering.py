@@ -1,7 +1,7 @@
 """The package's layering: a module imports only from its own layer or the layers before it.
 
-    types, config <- algo <- models, data, rollout, reward, train, checkpoint, metrics
-    <- workers <- runtime <- resilience, evaluation <- controller <- cli
+    types, config, errors <- algo <- decoder, data, rollout, reward, train, checkpoint, metrics
+    <- workers <- runtime <- resilience, evaluation, report <- controller <- cli
 
 Every import counts, also one inside a function (a lazy import still ties the layers).
 """
@@ -16,12 +16,12 @@ import reasonrl
 PACKAGE = Path(reasonrl.__file__).parent
 
 LAYERS: list[set[str]] = [
-    {"types", "config"},
+    {"types", "config", "errors"},
     {"algo"},
-    {"decoder", "data", "rollout", "reward", "train", "checkpoint", "metrics", "report"},
+    {"decoder", "data", "rollout", "reward", "train", "checkpoint", "metrics"},
     {"workers"},
     {"runtime"},
-    {"resilience", "evaluation"},
+    {"resilience", "evaluation", "report"},
     {"controller"},
     {"cli"},
 ]

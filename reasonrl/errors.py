@@ -1,0 +1,45 @@
+"""The errors that end a run for good: starting it again unchanged would meet them again.
+
+    FatalError                      exit code 2, one line, never restarted by the supervisor
+      InputError (ValueError)       a config key, file, row, field or model directory no run can use
+        InputNotFound (FileNotFoundError)   a file or directory that is not there
+      ResumeError                   the run directory cannot be resumed with this config or data
+      LimitError                    a deterministic limit was reached (dynamic sampling, reward
+                                    failures, a final checkpoint that cannot be written)
+      RunDirError                   the run directory is unusable or in use by another trainer
+
+Anything else that ends a trainer (a crash, a kill, a hang, an I/O error) is what the supervisor
+restarts from the last checkpoint. Every message names the key, file or field and what was
+expected, so the CLI prints it as it is, without a traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_FATAL = 2
+"""Exit code of ``reasonrl`` for a FatalError (and for command-line usage errors)."""
+
+
+class FatalError(Exception):
+    """An error that a restart would meet again: exit 2, no restart, one clear message."""
+
+
+class InputError(FatalError, ValueError):
+    """A configuration value, data file, row, field, reward function or model directory that no
+    run can use; the message names it and says what was expected."""
+
+
+class InputNotFound(InputError, FileNotFoundError):
+    """An input file or directory that does not exist."""
+
+
+class ResumeError(FatalError):
+    """The run directory holds a run that this configuration or this data cannot continue."""
+
+
+class LimitError(FatalError):
+    """A deterministic limit was reached: the same run would reach it again."""
+
+
+class RunDirError(FatalError):
+    """The run directory cannot be used: not a directory, not writable, holding files that
+    reasonrl did not write, or locked by another trainer."""

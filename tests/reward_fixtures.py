@@ -11,3 +11,7 @@ def coin(response: str, ground_truth: str) -> dict:
 
 def never(response: str, ground_truth: str) -> dict:
     return {"score": -1.0, "acc": False}
+
+
+def broken(response: str, ground_truth: str) -> dict:
+    raise RuntimeError("broken reward function")

@@ -75,7 +75,7 @@ def test_nan_reward_faults_and_a_slow_worker_are_handled_in_process(model_dir, t
     args = overrides(
         model_dir, run, 12, faults,
         "resilience.nonfinite_max_consecutive=2", "resilience.reward_workers=1", "resilience.reward_timeout_s=0.5",
-        "resilience.rollout_workers=2", "resilience.slow_window=4", "train.prompts_per_step=8", "train.mini_batch_size=16",
+        "resilience.rollout_workers=2", "resilience.slow_window=4", "resilience.slow_min_s=0", "train.prompts_per_step=8", "train.mini_batch_size=16",
     )
     proc = supervised(args)
     assert proc.returncode == 0, proc.stderr[-3000:]

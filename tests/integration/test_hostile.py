@@ -1,0 +1,164 @@
+"""Runs under hostile conditions: errors that would repeat end at once with exit 2 and one line;
+values that cannot train are refused by key; odd run directories; disk full at a checkpoint; a
+refused resume writes nothing; a run that never applied an update exports nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from reasonrl.checkpoint import find_latest, load_checkpoint
+from reasonrl.cli import main
+from reasonrl.metrics import read_jsonl
+from tests.conftest import tiny_run
+
+
+def train(capsys, model_dir, run_dir, *extra, steps=2):
+    """``reasonrl train grpo --no-supervisor`` in this process: (exit code, stderr lines)."""
+    capsys.readouterr()
+    code = main(["train", "grpo", *tiny_run(model_dir, run_dir, steps), "--no-supervisor", *extra])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def files(run_dir):
+    """{name: bytes} of a run directory's files, but its lock (which names who holds it)."""
+    return {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != "run.lock"}
+
+
+def assert_fatal(code, err, *needles):
+    """Exit 2 with the error as the last stderr line, one line, and no traceback."""
+    assert code == 2, err
+    assert not any("Traceback" in line for line in err), err
+    assert err and err[-1].startswith("reasonrl train: error: "), err
+    for needle in needles:
+        assert needle in err[-1], (needle, err[-1])
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.grad_clip=-1", "train.grad_clip"),
+    ("train.lr=.inf", "train.lr"),
+    ("train.grad_clip=.nan", "train.grad_clip"),
+    ("algo.kl_loss_coef=-0.1", "algo.kl_loss_coef"),
+    ("resilience.rollout_workers=0", "resilience.rollout_workers"),
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens"),
+])
+def test_values_that_cannot_train_are_refused_by_key(capsys, model_dir, tmp_path, override, key):
+    code, err = train(capsys, model_dir, tmp_path / "run", override)
+    assert_fatal(code, err, key)
+    assert not (tmp_path / "run").exists()  # refused before anything was created
+
+
+def test_errors_that_would_repeat_exit_2_with_one_line(capsys, model_dir, tmp_path):
+    if not torch.cuda.is_available():
+        assert_fatal(*train(capsys, model_dir, tmp_path / "cuda", "run.device=cuda"), "run.device", "no CUDA")
+    no_weights = tmp_path / "no_weights"
+    shutil.copytree(model_dir, no_weights)
+    (no_weights / "model.safetensors").unlink()
+    assert_fatal(*train(capsys, no_weights, tmp_path / "a"), "model.path", "cannot load the model")
+    truncated = tmp_path / "truncated"
+    shutil.copytree(model_dir, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert_fatal(*train(capsys, truncated, tmp_path / "b"), "model.path", "cannot load the model")
+    no_tokenizer = tmp_path / "no_tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, no_tokenizer / name)
+    assert_fatal(*train(capsys, no_tokenizer, tmp_path / "c"), "no tokenizer files")
+    assert_fatal(*train(capsys, model_dir, tmp_path / "d", "reward.fn=tests.reward_fixtures:never",
+                        "algo.dynamic_sampling=true", "algo.max_gen_batches=1"), "algo.max_gen_batches")
+    assert_fatal(*train(capsys, model_dir, tmp_path / "e", "reward.fn=tests.reward_fixtures:broken",
+                        "resilience.reward_max_failures=3"), "broken reward function")
+
+
+def test_odd_run_directories_get_one_clear_line(capsys, model_dir, tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("not a directory")
+    assert_fatal(*train(capsys, model_dir, a_file), "is a file")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    assert_fatal(*train(capsys, model_dir, foreign), "holds files reasonrl did not write (metrics.jsonl)")
+    assert (foreign / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.5}\n'  # untouched
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    if os.geteuid() == 0:  # root writes anywhere a permission bit forbids: use a read-only mount
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(read_only)]).returncode != 0:
+            pytest.skip("cannot mount a read-only tmpfs here")
+    else:
+        read_only.chmod(0o555)
+    try:
+        assert_fatal(*train(capsys, model_dir, read_only), "not writable")
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(read_only)], check=True)
+
+
+def test_a_refused_resume_writes_nothing_and_changed_data_needs_consent(capsys, model_dir, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "ground_truth": str(i + 1)}) + "\n" for i in range(40)))
+    run = tmp_path / "run"
+    code, err = train(capsys, model_dir, run, f"data.source={data}")
+    assert code == 0, err
+    before = files(run)
+    assert_fatal(*train(capsys, model_dir, run, f"data.source={data}", "algo.eps_high=0.3"), "different configuration")
+    assert files(run) == before  # config.yaml, events: as they were
+    # The same path with other rows: refused, unless asked for.
+    data.write_text("".join(json.dumps({"prompt": f"{i}+2=", "ground_truth": str(i + 2)}) + "\n" for i in range(40)))
+    assert_fatal(*train(capsys, model_dir, run, f"data.source={data}", steps=3), "training data differs", "resume.allow_data_change=true")
+    assert files(run) == before
+    code, err = train(capsys, model_dir, run, f"data.source={data}", "resume.allow_data_change=true", steps=3)
+    assert code == 0, err
+    changed = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "data_changed"]
+    assert len(changed) == 1 and changed[0]["step"] == 2
+
+
+def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_training_goes_on(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    code, err = train(capsys, model_dir, run, "checkpoint.every_steps=2", "checkpoint.keep=3", "faults=[disk_full@4]", steps=6)
+    assert code == 0, err
+    events = read_jsonl(run / "events.jsonl")
+    (failed,) = [e for e in events if e["kind"] == "checkpoint_failed"]
+    assert failed["step"] == 4 and failed["cause"] == "no space left on device"
+    assert "No space left on device" in failed["error"] and "unexpected pos" not in failed["error"]
+    assert [e["step"] for e in events if e["kind"] == "checkpoint"] == [2, 6]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2", "step_6"]  # no half-written step_4
+    assert load_checkpoint(run / "checkpoints/step_2")[0] == 2 and (run / "final").is_dir()
+
+
+def test_a_final_checkpoint_that_cannot_be_written_is_retried_then_an_error(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    code, err = train(capsys, model_dir, run, "checkpoint.final_retries=2", "faults=[disk_full@2:count=5]")
+    assert_fatal(code, err, "final checkpoint could not be written in 2 attempts (no space left on device)")
+    assert [e["attempt"] for e in read_jsonl(run / "events.jsonl") if e["kind"] == "checkpoint_failed"] == [1, 2]
+    assert find_latest(run / "checkpoints") is None and not (run / "final").exists()
+
+
+def test_a_run_that_never_applied_an_update_ends_non_zero_and_exports_nothing(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    code, err = train(capsys, model_dir, run, "faults=[nan@1,nan@2,nan@3]", "resilience.nonfinite_max_consecutive=2", steps=3)
+    assert_fatal(code, err, "no update was applied in 3 steps")
+    assert not (run / "final").exists()
+    kinds = [e["kind"] for e in read_jsonl(run / "events.jsonl")]
+    assert kinds.count("nonfinite") == 3 and kinds.count("rollback") == 1
+
+
+def test_the_supervisor_does_not_restart_an_error_that_would_repeat(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    assert train(capsys, model_dir, run)[0] == 0
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run, 2), "algo.eps_high=0.3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and time.monotonic() - began < 30, proc.stderr
+    assert "Traceback" not in proc.stderr and "different configuration" in proc.stderr
+    events = read_jsonl(run / "events.jsonl")
+    assert events[-1]["kind"] == "fatal" and "different configuration" in events[-1]["message"]
+    assert not {"crash", "recovered", "gave_up"} & {e["kind"] for e in events}

@@ -38,7 +38,7 @@ from reasonrl.evaluation import Evaluator
 from reasonrl.metrics import EventLog, MetricsSink, StepLog, read_jsonl, timed
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.faults import parse_faults
-from reasonrl.resilience.guards import NonFiniteGuard, SlowdownDetector, SpikeDetector, StageWatchdog
+from reasonrl.resilience.guards import NonFiniteGuard, StageWatchdog, run_detectors
 from reasonrl.resilience.injection import FaultyHeartbeat, FaultyPolicy, FaultyRewards, FaultyRollout, checkpoint_writer
 from reasonrl.resilience.rundir import RunLock, check_run_dir
 from reasonrl.resilience.shards import ShardedRollouts
@@ -135,9 +135,7 @@ class Controller:
         clock = lambda: self.step_count + 1  # noqa: E731 - the step the faults see
         r = cfg.resilience
         self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
-        self.spikes = SpikeDetector(r.spike_window, r.spike_threshold, min_history=5, min_spread=r.spike_min_spread,
-                                    min_delta=r.spike_min_delta, events=self.events)
-        self.slow = SlowdownDetector(r.slow_window, r.slow_ratio, min_s=r.slow_min_s, events=self.events)
+        self.spikes, self.slow = run_detectors(r, self.events)
         self.watchdog = self.heartbeat = None
         self.last_record: dict[str, list] = {}
         """The prompt record of the last step (``prompts.jsonl``): draws made, trained, stale."""

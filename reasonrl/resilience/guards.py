@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reasonrl.config import ResilienceConfig
 from reasonrl.metrics import EventLog
 
 if TYPE_CHECKING:
@@ -297,6 +298,17 @@ class SlowdownDetector:
         filled = {w: fill if s is None else s for w, s in speeds.items()}
         total = sum(filled.values())
         return {w: s / total for w, s in filled.items()}
+
+
+SPIKE_MIN_HISTORY = 5
+"""Values a series needs before the spike test applies."""
+
+
+def run_detectors(r: ResilienceConfig, events: EventLog | None = None) -> tuple[SpikeDetector, SlowdownDetector]:
+    """The spike and slowdown detectors of a run, as ``resilience.*`` configures them."""
+    spikes = SpikeDetector(r.spike_window, r.spike_threshold, SPIKE_MIN_HISTORY, min_spread=r.spike_min_spread,
+                           min_delta=r.spike_min_delta, events=events)
+    return spikes, SlowdownDetector(r.slow_window, r.slow_ratio, min_s=r.slow_min_s, events=events)
 
 
 def _stage_path(dump_path: Path) -> Path:

@@ -93,12 +93,12 @@ def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path):
     assert bad.returncode == 2 and "did you mean algo.eps_high" in bad.stderr
     low = _cli("train", "dapo", "algo.eps_high=0.1")
     assert low.returncode == 2 and "algo.eps_high" in low.stderr and "eps_low" in low.stderr
-    missing = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path}", "data.source=/nonexistent/train.jsonl")
+    missing = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}", "data.source=/nonexistent/train.jsonl")
     assert missing.returncode == 2 and "/nonexistent/train.jsonl" in missing.stderr
     assert "restart" not in missing.stderr  # the supervisor does not retry a bad input
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1=?", "ground_truth": "2"}\n{"prompt": "2+2=?"}\n')
-    malformed = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path}", f"data.source={rows}")
+    malformed = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}", f"data.source={rows}")
     assert malformed.returncode == 2 and "rows.jsonl" in malformed.stderr and "line 2" in malformed.stderr and "ground_truth" in malformed.stderr
     # Overrides may come after a flag; they are all read (here the bad one after it).
     after = _cli("train", "dapo", f"model.path={model_dir}", "--no-supervisor", "algo.eps_hgih=0.3")

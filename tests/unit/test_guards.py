@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +19,9 @@ from reasonrl.resilience.guards import (
     SpikeDetector,
     StageWatchdog,
     read_hang_dump,
+    run_detectors,
 )
+from reasonrl.config import ResilienceConfig
 from reasonrl.metrics import EventLog, read_jsonl
 from reasonrl.train.update import params_finite
 
@@ -252,3 +255,30 @@ def test_watchdog_kills_a_hung_process_and_spares_a_healthy_one(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+CLEAN_DEMO = Path(__file__).resolve().parent.parent / "data" / "clean_demo_150.jsonl"
+"""Per step of a clean 150-step ``make demo`` run (2-core CPU): the update's loss and gradient
+norm, the generation's seconds and prompts drawn, the update's seconds and trained tokens: the
+series the controller feeds its spike and slowdown detectors."""
+
+
+def _replay(steps, spikes, slow):
+    found = []
+    for s in steps:
+        found += [f"spike {name} @{s['step']}" for name in ("grad_norm", "loss") if spikes.update(f"actor/{name}", s["step"], s[name])]
+        for stage, seconds, work in (("gen", s["gen_s"], s["gen_prompts"]), ("update_actor", s["update_s"], s["update_tokens"])):
+            if slow.update(stage, 0, s["step"], seconds, work=work) is not None:
+                found.append(f"slowdown {stage} @{s['step']}")
+    return found
+
+
+def test_a_clean_demo_raises_no_false_alarm_and_real_faults_still_do():
+    steps = read_jsonl(CLEAN_DEMO)
+    assert len(steps) == 150
+    assert _replay(steps, *run_detectors(ResilienceConfig())) == []
+    # The same run with a 10x gradient blow-up at step 100 and generation 3x slower from step 80.
+    faulty = [{**s, "grad_norm": s["grad_norm"] * (10 if s["step"] == 100 else 1),
+               "gen_s": s["gen_s"] * (3 if s["step"] >= 80 else 1)} for s in steps]
+    found = _replay(faulty, *run_detectors(ResilienceConfig()))
+    assert found[0].startswith("slowdown gen @8") and "spike grad_norm @100" in found and len(found) == 2, found

@@ -69,7 +69,7 @@ def run_one(workload: str, mode: str, staleness: int, seed: int, args, out: Path
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, never a resume of an earlier one
     overrides = [
         f"run.dir={run_dir}", f"run.seed={seed}", "run.progress=false", f"train.total_steps={args.steps}",
-        f"eval.every_steps={args.steps}", "eval.n_prompts=256", "checkpoint.every_steps=0",
+        f"eval.every_steps={args.steps}", "eval.n_prompts=256", "checkpoint.every_steps=0", "checkpoint.every_minutes=0",
         *WORKLOADS[workload], *mode_overrides(mode, staleness, args.cores),
     ]
     began = time.time()

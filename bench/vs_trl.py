@@ -110,6 +110,8 @@ def reasonrl_overrides(spec: dict) -> list[str]:
         f"model.path={spec['warm_dir']}",
         f"run.dir={spec['tmp']}/reasonrl-{spec['seed']}",
         f"run.seed={spec['seed']}",
+        "checkpoint.every_steps=0",  # TRL saves nothing mid-run here either: only the final checkpoint
+        "checkpoint.every_minutes=0",
         f"run.threads={spec['threads']}",
         f"run.device={spec['device']}",
         "run.progress=false",

@@ -54,6 +54,9 @@ if metrics.exists():
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= resumed))
 event("resume", resumed, from_step=resumed)
+if mode == "relapse" and attempt == 2:  # writes a validation row at its resume step, then dies
+    append("metrics.jsonl", {"step": resumed, "val/acc": 0.5})
+    raise RuntimeError("boom while validating")
 for step in range(resumed + 1, steps + 1):
     (run_dir / "hang_dump.stage").write_text("gen")
     began = time.perf_counter()
@@ -63,7 +66,7 @@ for step in range(resumed + 1, steps + 1):
         ckpt.write_text(str(step))
     if step != fail_at or (attempt > 1 and mode != "always"):
         continue
-    if mode in ("crash", "always"):
+    if mode in ("crash", "always", "relapse"):
         raise RuntimeError(f"boom at step {step}")
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -147,6 +150,14 @@ def test_gives_up_after_max_restarts(tmp_path, capfd):
     message = events[-1]["message"]
     assert "gave up after 2 restarts" in message and "boom at step 1" in message
     assert message in capfd.readouterr().err
+
+
+def test_only_a_newly_trained_step_is_a_recovery(tmp_path):
+    result, run_dir, events = run_child(tmp_path, "relapse")
+    assert (result.returncode, result.restarts) == (0, 2)
+    assert kinds(events) == ["start", "resume", "crash", "start", "resume", "crash", "start", "resume", "recovered", "done"]
+    recovered = events[8]  # not after the second attempt's new validation row: it trained nothing
+    assert recovered["failures"] == 2 and recovered["step"] == 3 and recovered["from_step"] == 2
 
 
 def test_sigterm_is_forwarded_and_is_not_a_failure(tmp_path):

@@ -122,7 +122,8 @@ def _inherited_fd(path: Path) -> int | None:
         return None
     if not same:
         return None
-    os.environ.pop(LOCK_FD_ENV)  # processes started later (rollout, rewards) must not adopt it
+    os.environ.pop(LOCK_FD_ENV)  # processes started later (rollout, rewards) must not adopt it,
+    os.set_inheritable(fd, False)  # nor hold it: a lingering one would lock the restart out
     return fd
 
 

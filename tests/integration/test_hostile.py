@@ -162,3 +162,10 @@ def test_the_supervisor_does_not_restart_an_error_that_would_repeat(capsys, mode
     events = read_jsonl(run / "events.jsonl")
     assert events[-1]["kind"] == "fatal" and "different configuration" in events[-1]["message"]
     assert not {"crash", "recovered", "gave_up"} & {e["kind"] for e in events}
+
+
+def test_checkpoints_come_by_wall_time_too(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    code, err = train(capsys, model_dir, run, "checkpoint.every_steps=0", "checkpoint.every_minutes=1e-6", steps=3)
+    assert code == 0, err
+    assert [e["step"] for e in read_jsonl(run / "events.jsonl") if e["kind"] == "checkpoint"] == [1, 2, 3]

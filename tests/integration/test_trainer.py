@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from reasonrl.config import load
+from reasonrl.cli import main
 from reasonrl.controller import Controller
 from reasonrl.errors import ResumeError
 from reasonrl.data.model import load_model
@@ -88,23 +89,33 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "reasonrl.cli", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path):
-    bad = _cli("train", "dapo", "algo.eps_hgih=0.3")
-    assert bad.returncode == 2 and "did you mean algo.eps_high" in bad.stderr
-    low = _cli("train", "dapo", "algo.eps_high=0.1")
-    assert low.returncode == 2 and "algo.eps_high" in low.stderr and "eps_low" in low.stderr
+def _main(capsys, *args):
+    """``reasonrl ARGS`` in this process: (exit code, stderr)."""
+    capsys.readouterr()
+    code = main(list(args))
+    return code, capsys.readouterr().err
+
+
+def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path, capsys):
+    code, err = _main(capsys, "train", "dapo", "algo.eps_hgih=0.3")
+    assert code == 2 and "did you mean algo.eps_high" in err
+    code, err = _main(capsys, "train", "dapo", "algo.eps_high=0.1")
+    assert code == 2 and "algo.eps_high" in err and "eps_low" in err
+    # Through the real command and the supervisor: bad input is reported once, never retried.
     missing = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}", "data.source=/nonexistent/train.jsonl")
     assert missing.returncode == 2 and "/nonexistent/train.jsonl" in missing.stderr
     assert "restart" not in missing.stderr  # the supervisor does not retry a bad input
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1=?", "ground_truth": "2"}\n{"prompt": "2+2=?"}\n')
-    malformed = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}", f"data.source={rows}")
-    assert malformed.returncode == 2 and "rows.jsonl" in malformed.stderr and "line 2" in malformed.stderr and "ground_truth" in malformed.stderr
+    code, err = _main(capsys, "train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}", f"data.source={rows}",
+                      "--no-supervisor")
+    assert code == 2 and "rows.jsonl" in err and "line 2" in err and "ground_truth" in err
     # Overrides may come after a flag; they are all read (here the bad one after it).
-    after = _cli("train", "dapo", f"model.path={model_dir}", "--no-supervisor", "algo.eps_hgih=0.3")
-    assert after.returncode == 2 and "did you mean algo.eps_high" in after.stderr
-    unknown = _cli("train", "dapo", "--no-supervisor", "--fast")
-    assert unknown.returncode == 2 and "unrecognized arguments: --fast" in unknown.stderr
+    code, err = _main(capsys, "train", "dapo", f"model.path={model_dir}", "--no-supervisor", "algo.eps_hgih=0.3")
+    assert code == 2 and "did you mean algo.eps_high" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "dapo", "--no-supervisor", "--fast"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --fast" in capsys.readouterr().err
 
 
 def test_sampling_logprobs_equal_recomputed_ones_so_reuse_is_exact(model_dir, tmp_path):

@@ -326,3 +326,35 @@ def test_find_latest_on_missing_or_empty_root(tmp_path: Path) -> None:
     assert find_latest(tmp_path / "absent") is None
     assert find_latest(tmp_path) is None
     assert list_checkpoints(tmp_path) == []
+
+
+def test_a_real_full_disk_is_reported_in_words_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    """On a 1 MiB tmpfs: the first checkpoint fits, the second (torch.save of 2 MB of state)
+    does not. torch reports the failed write as 'unexpected pos'; the error must say ENOSPC."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        writer = CheckpointWriter(disk / "checkpoints", keep=2)
+        writer.save(1, {"policy": {"w": torch.zeros(1000)}}, {"optimizer": torch.zeros(1000)})
+        with pytest.raises(CheckpointWriteError) as err:
+            writer.save(2, {"policy": {"w": torch.zeros(1000)}}, {"optimizer": torch.zeros(500_000)})
+        assert err.value.cause == "no space left on device" and "unexpected pos" not in str(err.value)
+        assert find_latest(disk / "checkpoints") == disk / "checkpoints" / "step_1"
+        assert sorted(p.name for p in (disk / "checkpoints").iterdir()) == ["step_1"]  # nothing half-written left
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_an_exception_from_the_serialiser_is_a_write_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(obj, f) -> None:
+        raise RuntimeError("pickler exploded")
+
+    _save(tmp_path, 1)
+    monkeypatch.setattr(store.torch, "save", broken)
+    with pytest.raises(CheckpointWriteError, match="pickler exploded") as err:
+        CheckpointWriter(tmp_path, 2).save(2, {}, {})
+    assert err.value.cause == "RuntimeError: pickler exploded" and find_latest(tmp_path) == tmp_path / "step_1"

@@ -418,6 +418,9 @@ class Controller:
         if resumed:
             self.events.emit("resume", self.step_count, from_step=self.step_count, path=str(self.resumed_from))
             self.log(f"resumed from {self.resumed_from} (step {self.step_count})")
+            if self.step_count >= self.cfg.train.total_steps:
+                self.log(f"{self.run_dir}: the run is already complete ({self.step_count} of {self.cfg.train.total_steps} "
+                         "steps); nothing to train (raise train.total_steps to go on)")
         else:
             self.events.emit("resume", 0, from_step=0, path=None)
 

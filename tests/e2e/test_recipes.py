@@ -5,8 +5,9 @@ cores). Held-out accuracy is the mean over 4 samples on 256 held-out problems (a
 points of noise); 20 steps lift every recipe past +9 points (figures in docs/benchmarks.md),
 and the test asks for +5. The runs are clean, so the guards that read the training itself must
 stay quiet: no spike or non-finite incident (the slowdown detector reads wall time, which other
-load on the machine can really stretch: tests/unit/test_guards.py replays a clean demo). The DAPO run is also killed at 60% of its steps (SIGKILL under the
-supervisor) and must resume from a checkpoint no older than the recipe's periodic interval.
+load on the machine can really stretch: tests/unit/test_guards.py replays a clean demo). The DAPO
+run is also killed at 60% of its steps (SIGKILL under the supervisor) and must resume from a
+checkpoint no older than the recipe's periodic interval.
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ STEPS = {"dapo": 20, "grpo": 20, "dr_grpo": 20, "lite_ppo": 20, "ppo": 12}
 @pytest.mark.parametrize("recipe", list(STEPS))
 def test_recipe_raises_heldout_accuracy(recipe, tmp_path):
     steps = STEPS[recipe]
-    overrides = [f"run.dir={tmp_path}", f"train.total_steps={steps}", f"eval.every_steps={steps}", "eval.n_prompts=256", "run.progress=false"]
+    overrides = [f"run.dir={tmp_path}", f"train.total_steps={steps}", f"eval.every_steps={steps}", "eval.n_prompts=256",
+                 "eval.greedy=false", "run.progress=false"]
     if recipe == "dapo":
-        kill = int(0.6 * steps) + 1  # killed as step 13 of 20 begins: 12 steps, 60%, are done
+        kill = int(0.6 * steps) + 1  # SIGKILL as step 13 of 20 begins: 12 steps, 60%, are done
         command = [sys.executable, "-m", "reasonrl.cli", "train", recipe, *overrides, f"faults=[sigkill@{kill}:stage=gen]"]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         [recovered] = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "recovered"]
         interval = load(RECIPES / "dapo.yaml").checkpoint.every_steps
-        assert kill - 1 - interval < recovered["from_step"] <= kill - 1, recovered
+        assert interval > 0 and kill - 1 - interval < recovered["from_step"] <= kill - 1, recovered
     else:
         Controller(load(RECIPES / f"{recipe}.yaml", overrides)).run()
     incidents = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] in ("spike", "nonfinite")]

@@ -20,8 +20,7 @@ from tests.conftest import tiny_run
 
 pytestmark = pytest.mark.slow
 
-SLOWER = ("rollout.max_new_tokens=24", "train.prompts_per_step=8", "train.mini_batch_size=8", "checkpoint.every_steps=5",
-          "run.threads=1")
+SLOWER = ("checkpoint.every_steps=5", "run.threads=1")
 
 
 def command(model_dir, run_dir, steps, *extra, supervised=True):

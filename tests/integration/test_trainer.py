@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from reasonrl.config import load
 from reasonrl.cli import main
+from reasonrl.config import load
 from reasonrl.controller import Controller
-from reasonrl.errors import ResumeError
 from reasonrl.data.model import load_model
+from reasonrl.errors import ResumeError
 from reasonrl.metrics import read_jsonl
 from reasonrl.rollout.scheduler import DynamicSamplingError
 from tests.conftest import tiny_run
@@ -85,10 +82,6 @@ def test_resume_with_an_incompatible_config_is_refused(model_dir, tmp_path):
         Controller(config(model_dir, tmp_path, "train.total_steps=2", "algo.eps_high=0.3")).run()
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "reasonrl.cli", *args], capture_output=True, text=True, timeout=120)
-
-
 def _main(capsys, *args):
     """``reasonrl ARGS`` in this process: (exit code, stderr)."""
     capsys.readouterr()
@@ -101,10 +94,10 @@ def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path, capsys):
     assert code == 2 and "did you mean algo.eps_high" in err
     code, err = _main(capsys, "train", "dapo", "algo.eps_high=0.1")
     assert code == 2 and "algo.eps_high" in err and "eps_low" in err
-    # Through the real command and the supervisor: bad input is reported once, never retried.
-    missing = _cli("train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}", "data.source=/nonexistent/train.jsonl")
-    assert missing.returncode == 2 and "/nonexistent/train.jsonl" in missing.stderr
-    assert "restart" not in missing.stderr  # the supervisor does not retry a bad input
+    # (tests/integration/test_hostile.py: through the supervisor, such an error is never retried)
+    code, err = _main(capsys, "train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}",
+                      "data.source=/nonexistent/train.jsonl", "--no-supervisor")
+    assert code == 2 and "/nonexistent/train.jsonl" in err
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1=?", "ground_truth": "2"}\n{"prompt": "2+2=?"}\n')
     code, err = _main(capsys, "train", "dapo", f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}", f"data.source={rows}",

@@ -162,7 +162,9 @@ def follow_supervisor() -> None:
         os.dup2(null, 1)
         os.dup2(null, 2)
         os.close(null)
-        threading.Timer(ORPHAN_GRACE_S, os._exit, args=(128 + signal.SIGTERM,)).start()
+        deadline = threading.Timer(ORPHAN_GRACE_S, os._exit, args=(128 + signal.SIGTERM,))
+        deadline.daemon = True  # a clean exit before the deadline does not wait for it
+        deadline.start()
         os.kill(os.getpid(), signal.SIGTERM)
 
     if threading.current_thread() is threading.main_thread():

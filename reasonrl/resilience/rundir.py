@@ -89,7 +89,15 @@ class RunLock:
             ) from None
         self.fd = fd
         self._write_holder(adopted=inherited is not None)
+        os.register_at_fork(after_in_child=self._forget)
         return self
+
+    def _forget(self) -> None:
+        """In a forked child (reward workers): drop our copy of the lock's file, so a child
+        that outlives the trainer cannot keep the directory locked (the parent's lock stays)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def _write_holder(self, adopted: bool) -> None:
         holders = _holders(self.fd) if adopted else {}

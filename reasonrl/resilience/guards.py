@@ -180,19 +180,24 @@ class Slowdown:
 
 
 class _Series:
-    """Durations of one (stage, worker): a baseline window, a recent window, a slow flag."""
+    """Durations of one (stage, worker): a baseline window, a recent window, a slow flag, and
+    the seconds and work of the newest step so far (several calls in one step make one sample)."""
 
     def __init__(self, window: int, recent: int) -> None:
         self.baseline: deque[float] = deque(maxlen=window)
         self.recent: deque[float] = deque(maxlen=recent)
         self.slow = False
+        self.step: int | None = None
+        self.seconds = 0.0
+        self.work = 0.0
 
 
 class SlowdownDetector:
     """Two-window change-point test for fail-slow workers (stragglers).
 
-    Each sample is a stage's time per unit of its work (``seconds / work``: per prompt, per
-    trained token). Per (stage, worker) the last ``min_steps`` samples form the *recent*
+    Each sample is a stage's time per unit of its work in one step (``seconds / work``: per
+    prompt, per trained token; the calls of one step, such as dynamic sampling's refills, add
+    up to one sample). Per (stage, worker) the last ``min_steps`` samples form the *recent*
     window and the ``window`` samples before them the *baseline*. Rule: an onset is reported
     when the baseline holds at least ``min_steps`` samples,
     ``median(recent) > ratio * median(baseline)`` and the slowdown costs at least ``min_s``
@@ -229,9 +234,16 @@ class SlowdownDetector:
         """Record one stage's ``seconds`` for ``work`` units; return a Slowdown at the onset
         of a sustained slowdown."""
         series = self._series.setdefault((stage, worker), _Series(self.window, self.min_steps))
-        if len(series.recent) == self.min_steps and not series.slow:
-            series.baseline.append(series.recent[0])
-        series.recent.append(float(seconds) / max(float(work), _MIN_SCALE))
+        if series.step == step and series.recent:
+            series.seconds += float(seconds)
+            series.work += float(work)
+            series.recent[-1] = series.seconds / max(series.work, _MIN_SCALE)
+        else:
+            if len(series.recent) == self.min_steps and not series.slow:
+                series.baseline.append(series.recent[0])
+            series.step, series.seconds, series.work = step, float(seconds), float(work)
+            series.recent.append(series.seconds / max(series.work, _MIN_SCALE))
+        work = series.work
         if len(series.baseline) < self.min_steps or len(series.recent) < self.min_steps:
             return None
         baseline = statistics.median(series.baseline)

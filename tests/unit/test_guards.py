@@ -161,6 +161,22 @@ def test_a_slowdown_must_cost_min_s_seconds_a_step():
     assert onset.step == 11 and onset.baseline_s == 1.0 / 8  # seconds per prompt; 2 s more a step
 
 
+def test_the_calls_of_one_step_add_up_to_one_sample():
+    # A worker's share of a step comes in three calls (a batch and two small refills): 0.4 s for
+    # 15 prompts, then three times slower from step 10: 0.8 s more a step, though no call alone
+    # costs 0.5 s more.
+    det = SlowdownDetector(window=8, ratio=1.5, min_steps=4, min_s=0.5)
+    onsets = []
+    for step in range(20):
+        factor = 3.0 if step >= 10 else 1.0
+        for seconds, prompts in ((0.2, 8), (0.1, 4), (0.1, 3)):
+            found = det.update("gen", 1, step, factor * seconds, work=prompts)
+            if found is not None:
+                onsets.append(found)
+    (onset,) = onsets
+    assert onset.step == 12 and onset.baseline_s == pytest.approx(0.4 / 15)  # the median of 4 needs two slow steps
+
+
 def test_noise_never_triggers():
     rng = random.Random(1234)
     det = SlowdownDetector()

@@ -4,7 +4,7 @@ The controller owns one of each and asks them, step by step, what to do:
 
     action = nonfinite.check(step, loss, grad_norm, policy.params_finite())  # "ok" | "skip" | "rollback"
     spiked = spikes.update("loss", step, float(loss))
-    slow = slowdown.update("gen", worker, step, seconds)                   # Slowdown | None
+    slow = slowdown.update("gen", worker, step, seconds, work=prompts)     # Slowdown | None
     watchdog.beat("gen")                                                    # at the start of each stage
 
 Every detector that is given an ``EventLog`` writes one line to ``events.jsonl`` per

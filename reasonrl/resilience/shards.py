@@ -15,7 +15,7 @@ class ShardedRollouts:
     """Rollout workers splitting each generation batch (``resilience.rollout_workers``).
 
     The prompts are split equally; once a worker is detected fail-slow (``detector``, fed
-    each worker's seconds per prompt) its share shrinks in proportion to its speed
+    each worker's seconds and prompts) its share shrinks in proportion to its speed
     (:meth:`SlowdownDetector.weights`) until it recovers. Whole batches only: no early stop
     across workers. ``shares`` holds the last split as ``rollout/share/worker<w>`` metrics.
     """
@@ -40,7 +40,7 @@ class ShardedRollouts:
                 continue
             began = time.perf_counter()
             parts.append(self.workers[w].generate(prompts[start : start + count], n, params, generator))
-            self.detector.update("gen", w, self.clock(), (time.perf_counter() - began) / count)
+            self.detector.update("gen", w, self.clock(), time.perf_counter() - began, work=count)
             start += count
         return RolloutBatch.concat(parts, self.pad_id)
 

@@ -35,7 +35,8 @@ def test_recipe_raises_heldout_accuracy(recipe, tmp_path):
                  "eval.greedy=false", "run.progress=false"]
     if recipe == "dapo":
         kill = int(0.6 * steps) + 1  # SIGKILL as step 13 of 20 begins: 12 steps, 60%, are done
-        command = [sys.executable, "-m", "reasonrl.cli", "train", recipe, *overrides, f"faults=[sigkill@{kill}:stage=gen]"]
+        command = [sys.executable, "-m", "reasonrl.cli", "train", recipe, *overrides, "resilience.backoff_s=0.05",
+                   f"faults=[sigkill@{kill}:stage=gen]"]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         [recovered] = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "recovered"]

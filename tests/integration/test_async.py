@@ -178,15 +178,15 @@ def test_a_lockstep_run_killed_at_several_points_ends_bit_identical(model_dir, t
     common = ["rollout.mode=lockstep", "rollout.max_staleness=1", "algo.off_policy=decoupled", "checkpoint.every_steps=1",
               "checkpoint.keep=3", "resilience.backoff_s=0.05", "resilience.max_restarts=8"]
     Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 8, *common))).run()
-    faults = "faults=[sigkill@3:stage=gen,ckpt_kill@5,sigkill@7:stage=update_actor]"
+    faults = "faults=[sigkill@3:stage=gen,ckpt_kill@5]"  # a kill in update_actor: tests/integration/test_fault_drills.py
     cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *overrides(model_dir, faulty, 8, *common, faults)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     kinds = [e["kind"] for e in read_jsonl(faulty / "events.jsonl")]
-    assert kinds.count("killed") == 3 and kinds.count("recovered") == 3
+    assert kinds.count("killed") == 2 and kinds.count("recovered") == 2
     a, b = load_file(clean / "final/model.safetensors"), load_file(faulty / "final/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed lockstep run's weights differ from the clean run"
     # every value but the queue length (whether the next batch was ready yet is a matter of timing)
     drop = lambda r: {k: v for k, v in values(r).items() if k != "rollout/queue_length"}  # noqa: E731
     assert [drop(r) for r in read_jsonl(faulty / "metrics.jsonl")] == [drop(r) for r in read_jsonl(clean / "metrics.jsonl")]
-    assert json.loads((faulty / "summary.json").read_text())["incidents"]["killed"] == 3
+    assert json.loads((faulty / "summary.json").read_text())["incidents"]["killed"] == 2

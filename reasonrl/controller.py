@@ -126,6 +126,10 @@ class Controller:
         """The signal (SIGINT, SIGTERM) that stopped ``run()`` early, if one did."""
         self.data_changed: str | None = None
         """The fingerprint of the checkpoint's data when it differs and resume.allow_data_change allowed it."""
+        self.resumed_from: Path | None = None
+        """The checkpoint ``resume()`` loaded, if any."""
+        self.skipped_checkpoints: list = []
+        """Newer checkpoints ``resume()`` found invalid (logged once the resume check passed)."""
         self.faults = parse_faults(list(cfg.faults)).bind(self.run_dir)
         kinds = {f.kind for f in self.faults.faults}
         rollout_side = kinds & {"slow", "reward_timeout", "reward_error"}

@@ -80,7 +80,8 @@ def test_nan_reward_faults_and_a_slow_worker_are_handled_in_process(model_dir, t
     args = overrides(
         model_dir, run, 12, faults,
         "resilience.nonfinite_max_consecutive=2", "resilience.reward_workers=1", "resilience.reward_timeout_s=0.5",
-        "resilience.rollout_workers=2", "resilience.slow_window=4", "resilience.slow_min_s=0", "train.prompts_per_step=8",
+        # the tiny model generates in milliseconds: a 20 ms floor keeps their noise out, the 4x worker costs ~60 ms a step
+        "resilience.rollout_workers=2", "resilience.slow_window=4", "resilience.slow_min_s=0.02", "train.prompts_per_step=8",
         "train.mini_batch_size=16",
     )
     proc = supervised(args)

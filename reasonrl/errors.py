@@ -43,3 +43,9 @@ class LimitError(FatalError):
 class RunDirError(FatalError):
     """The run directory cannot be used: not a directory, not writable, holding files that
     reasonrl did not write, or locked by another trainer."""
+
+
+def error_line(err: BaseException) -> str:
+    """An exception in one line for a message: ``"TypeName: first line of its text"``."""
+    text = str(err).strip().split("\n", 1)[0]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

@@ -31,6 +31,8 @@ import torch
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
+from reasonrl.errors import error_line
+
 FORMAT = "reasonrl-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -68,8 +70,7 @@ def _cause(err: BaseException) -> str:
     """Why a write failed, in words: the OS error's text, or the exception's first line."""
     if isinstance(err, OSError) and err.errno is not None:
         return os.strerror(err.errno).lower()
-    text = str(err).strip().split("\n", 1)[0]
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return error_line(err)
 
 
 class _RecordingFile:

@@ -20,7 +20,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from reasonrl.errors import InputError, InputNotFound
+from reasonrl.errors import InputError, InputNotFound, error_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -80,7 +80,7 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], local_files_only=True)
     except Exception as err:  # noqa: BLE001 - every way a local directory fails to load is its problem
-        raise InputError(f"model.path: cannot load the model in {path}: {_first_line(err)}") from err
+        raise InputError(f"model.path: cannot load the model in {path}: {error_line(err)}") from err
     return model.to(device)
 
 
@@ -94,7 +94,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     try:
         tok = _tokenizer_class(p).from_pretrained(str(path), local_files_only=True)
     except Exception as err:  # noqa: BLE001 - as for the weights
-        raise InputError(f"model.path: cannot load the tokenizer in {path}: {_first_line(err)}") from err
+        raise InputError(f"model.path: cannot load the tokenizer in {path}: {error_line(err)}") from err
     if tok.eos_token_id is None:
         raise InputError(f"model.path: the tokenizer in {path} has no eos_token; set one in tokenizer_config.json")
     if tok.pad_token_id is None:
@@ -115,11 +115,6 @@ def _tokenizer_class(path: Path) -> type:
     if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in generic:
         return PreTrainedTokenizerFast
     return AutoTokenizer
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip().split("\n", 1)[0]
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _check_model_dir(path: str | Path) -> None:

@@ -243,7 +243,6 @@ class SlowdownDetector:
                 series.baseline.append(series.recent[0])
             series.step, series.seconds, series.work = step, float(seconds), float(work)
             series.recent.append(series.seconds / max(series.work, _MIN_SCALE))
-        work = series.work
         if len(series.baseline) < self.min_steps or len(series.recent) < self.min_steps:
             return None
         baseline = statistics.median(series.baseline)
@@ -254,7 +253,7 @@ class SlowdownDetector:
                 if self.events is not None:
                     self.events.emit("slowdown_recovered", step, stage=stage, worker=worker, recent_s=recent)
             return None
-        if recent <= self.ratio * baseline or (recent - baseline) * work < self.min_s:
+        if recent <= self.ratio * baseline or (recent - baseline) * series.work < self.min_s:
             return None
         series.slow = True
         first_slow = next(i for i, s in enumerate(series.recent) if s > self.ratio * baseline)

@@ -1,8 +1,11 @@
 """Build the tiny embedded decoder, and load any local Hugging Face causal LM.
 
-The embedded model is a Qwen2 decoder built from a config (no download); after the
-warm start it is saved with ``save_pretrained``, so policy, reference and critic are then
-loaded through the same ``load_model`` path as a real checkpoint directory.
+The embedded model is a Llama decoder (no biases) built from a config (no download); after
+the warm start it is saved with ``save_pretrained``, so policy, reference and critic are then
+loaded through the same ``load_model`` path as a real checkpoint directory. Llama, not Qwen2:
+``AutoTokenizer`` replaces the tokenizer of a ``qwen2`` directory by Qwen2's own byte-level
+pipeline, while a ``llama`` directory keeps the generic tokenizer it was saved with, so the
+exported model tokenises with plain ``AutoTokenizer`` exactly as it was trained.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from transformers import (
     AutoTokenizer,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
 )
 
 from reasonrl.errors import InputError, InputNotFound, error_line
@@ -36,8 +39,8 @@ def build_tiny_model(
     eos_id: int,
     seed: int,
     max_positions: int = 256,
-) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
+) -> LlamaForCausalLM:
+    config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         num_hidden_layers=layers,
@@ -52,7 +55,7 @@ def build_tiny_model(
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return Qwen2ForCausalLM(config)
+        return LlamaForCausalLM(config)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -86,13 +89,9 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer saved beside a model; it must define an EOS token (padding falls back to it)."""
-    _check_model_dir(path)
-    p = Path(path)
-    if not any((p / name).is_file() for name in TOKENIZER_FILES):
-        raise InputError(f"model.path: {p} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
-                         "save the tokenizer beside the model with tokenizer.save_pretrained(dir)")
+    check_model_files(path)
     try:
-        tok = _tokenizer_class(p).from_pretrained(str(path), local_files_only=True)
+        tok = _tokenizer_class(Path(path)).from_pretrained(str(path), local_files_only=True)
     except Exception as err:  # noqa: BLE001 - as for the weights
         raise InputError(f"model.path: cannot load the tokenizer in {path}: {error_line(err)}") from err
     if tok.eos_token_id is None:
@@ -115,6 +114,16 @@ def _tokenizer_class(path: Path) -> type:
     if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in generic:
         return PreTrainedTokenizerFast
     return AutoTokenizer
+
+
+def check_model_files(path: str | Path) -> None:
+    """InputNotFound / InputError naming model.path unless ``path`` is a model directory with a
+    config.json and tokenizer files (the weights are checked when they load)."""
+    _check_model_dir(path)
+    p = Path(path)
+    if not any((p / name).is_file() for name in TOKENIZER_FILES):
+        raise InputError(f"model.path: {p} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
+                         "save the tokenizer beside the model with tokenizer.save_pretrained(dir)")
 
 
 def _check_model_dir(path: str | Path) -> None:

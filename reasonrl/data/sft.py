@@ -29,7 +29,7 @@ from reasonrl.reward.math import dapo_score
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.types import SamplingParams
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump when the task, tokenizer or training code changes what a cached model is."""
 
 

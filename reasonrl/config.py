@@ -17,13 +17,16 @@ Values, in recipes and overrides alike, are YAML with YAML 1.2 scalars: only
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import hashlib
+import inspect
 import json
 import math
 import os
 import re
+import textwrap
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from types import UnionType
@@ -48,6 +51,22 @@ class RunConfig:
     """Device for policy, reference and critic: cpu, cuda, cuda:N."""
     progress: bool = True
     """Show a progress bar with live reward and accuracy."""
+    log_every: int = 10
+    """Print a line of the main metrics (reward, accuracy, loss, grad norm, KL, length,
+    throughput) every N steps, beside the progress bar; 0: never."""
+    loggers: tuple[Literal["tensorboard", "wandb"], ...] = ("tensorboard",)
+    """Where metrics go besides metrics.jsonl: 'tensorboard' (RUN_DIR/tensorboard: scalars,
+    the config as hparams, text samples) and 'wandb' (Weights & Biases: config, metrics and a
+    sample table; needs the optional wandb package)."""
+    log_samples: int = 4
+    """Generated samples (prompt, response, reward) sent to the loggers every run.log_every
+    steps; 0: none."""
+    wandb_project: str = "reasonrl"
+    """W&B project of run.loggers wandb (the run is named after run.dir)."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """W&B mode: 'offline' writes RUN_DIR/wandb with no account or network (upload later with
+    ``wandb sync``); 'online' streams to the W&B server (needs ``wandb login``). The WANDB_MODE
+    environment variable overrides it."""
 
 
 @dataclass(frozen=True)
@@ -87,18 +106,29 @@ class SFTConfig:
     """Supervised warm start of the embedded model (cached on disk by these settings)."""
 
     hidden_size: int = 192
+    """Width of the embedded Llama decoder."""
     layers: int = 4
+    """Decoder layers of the embedded model."""
     heads: int = 6
+    """Attention heads (must divide sft.hidden_size)."""
     kv_heads: int = 2
+    """Key/value heads (grouped-query attention; must divide sft.heads)."""
     intermediate_size: int = 512
+    """Hidden width of each layer's SwiGLU MLP."""
     lr: float = 3e-3
+    """AdamW learning rate of the warm start (linear warmup over its first 20 steps)."""
     batch_size: int = 64
+    """Worked solutions per warm-start step."""
     max_steps: int = 2000
+    """The warm start stops here even if sft.target_acc is not reached."""
     eval_every: int = 25
+    """Measure greedy held-out accuracy every N warm-start steps."""
     eval_size: int = 256
+    """Held-out problems of that measurement."""
     target_acc: float = 0.5
     """Stop once greedy held-out accuracy reaches this (well below perfect on purpose)."""
     seed: int = 1234
+    """Seeds the embedded model's initialisation, its training problems and their order."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +136,9 @@ class RolloutConfig:
     n: int = 8
     """Samples per prompt (the group size)."""
     temperature: float = 1.0
+    """Sampling temperature of the rollouts (the log-probs are those of this distribution)."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p; 1: off."""
     top_k: int = 0
     """0 disables top-k."""
     max_new_tokens: int = 32
@@ -153,6 +185,9 @@ class RewardConfig:
 @dataclass(frozen=True)
 class AlgoConfig:
     adv_estimator: Literal["grpo", "dr_grpo", "lite_ppo", "rloo", "reinforce_pp", "gae"] = "grpo"
+    """Advantage estimator (reasonrl/algo/advantages.py): 'grpo' (group mean and std), 'dr_grpo'
+    (group mean only), 'lite_ppo' (group mean, batch std), 'rloo' (leave-one-out mean),
+    'reinforce_pp' (REINFORCE++: batch-whitened returns), 'gae' (PPO with a critic)."""
     eps_low: float = 0.2
     """Lower clip range: ratio >= 1 - eps_low for negative-advantage tokens."""
     eps_high: float = 0.2
@@ -162,11 +197,18 @@ class AlgoConfig:
     loss_agg: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = "token-mean"
+    """How token losses become the batch loss (reasonrl/algo/aggregate.py): 'token-mean' (DAPO:
+    every token weighs the same), 'seq-mean-token-mean' (GRPO: per-sequence mean, then mean),
+    'seq-mean-token-sum', 'seq-mean-token-sum-norm' (Dr.GRPO: sums over a constant horizon)."""
     kl_loss_coef: float = 0.0
     """Weight of the KL-to-reference loss; 0 disables the reference model."""
     kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
+    """Estimator of KL(pi || pi_ref) per sampled token, with d = log pi - log pi_ref: k1 = d,
+    abs = |d|, k2 = d^2 / 2, k3 = exp(-d) + d - 1 (unbiased and >= 0; reasonrl/algo/losses.py)."""
     entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss); 0: off."""
     gamma: float = 1.0
+    """Discount of reinforce_pp and gae returns."""
     lam: float = 1.0
     """GAE lambda."""
     dynamic_sampling: bool = False
@@ -201,11 +243,13 @@ class AlgoConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     total_steps: int = 100
+    """RL steps (one train batch and its update each); a resumed run may raise it."""
     prompts_per_step: int = 16
     """Train batch size in prompts (x rollout.n samples)."""
     gen_prompts_per_step: int = 0
     """Prompts per generation batch with dynamic sampling; 0: sized by algo.oversample."""
     ppo_epochs: int = 1
+    """Passes over each train batch (each pass one optimizer step per mini-batch)."""
     mini_batch_size: int = 64
     """Samples per optimizer step; must divide the train batch."""
     micro_batch_size: int = 16
@@ -226,12 +270,19 @@ class TrainConfig:
     numerics), 'recompute' runs the policy again; 'auto' reuses them when the generator
     shares the policy module in fp32, and recomputes otherwise."""
     lr: float = 1e-4
+    """AdamW learning rate of the policy."""
     warmup_steps: int = 0
+    """Linear learning-rate warmup over this many steps, then constant; 0: none."""
     weight_decay: float = 0.0
+    """AdamW weight decay of policy and critic."""
     grad_clip: float = 1.0
+    """Gradients are scaled down to this global L2 norm before each optimizer step."""
     critic_lr: float = 1e-3
+    """AdamW learning rate of the critic (algo.adv_estimator=gae)."""
     value_clip: float = 0.5
+    """PPO value clipping: new values may move at most this far from the old ones in the clipped term."""
     value_coef: float = 1.0
+    """Weight of the critic's value loss."""
 
 
 @dataclass(frozen=True)
@@ -239,9 +290,11 @@ class EvalConfig:
     every_steps: int = 10
     """Validate every N steps (and before the first and after the last); 0: never."""
     n_prompts: int = 128
+    """Held-out prompts evaluated at each validation."""
     k: int = 4
     """Samples per held-out prompt for mean accuracy and pass@k."""
     temperature: float = 1.0
+    """Sampling temperature of the k validation samples."""
     greedy: bool = True
     """Also report greedy accuracy."""
 
@@ -436,14 +489,65 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return {f.name: _plain(getattr(cfg, f.name)) for f in fields(cfg)}
 
 
+@dataclass(frozen=True)
+class KeyHelp:
+    """One leaf key of the tree, as ``reasonrl config --keys`` lists it."""
+
+    key: str
+    """The dotted key (``algo.eps_high``)."""
+    type: str
+    """Its type in short (``float``, ``int | null``, ``grpo | dr_grpo | ...``, ``list[str]``)."""
+    default: Any
+    """The value when no recipe or override sets it (tuples as lists)."""
+    help: str
+    """The docstring written under the field."""
+    value: Any
+    """Its value in the config that was described (the default for the defaults)."""
+
+
+def keys_help(cfg: Config | None = None) -> list[KeyHelp]:
+    """Every leaf key of the tree in declaration order, with its type, default, help (the
+    docstring under the field; empty only for a field that lacks one, which a test forbids)
+    and its value in ``cfg`` (default: the defaults)."""
+    return list(_keys_help(Config(), cfg or Config(), ""))
+
+
+def _keys_help(defaults: Any, cfg: Any, prefix: str) -> Iterator[KeyHelp]:
+    docs = field_docs(type(defaults))
+    for name, tp in _field_types(type(defaults)).items():
+        default, value = getattr(defaults, name), getattr(cfg, name)
+        if is_dataclass(tp):
+            yield from _keys_help(default, value, f"{prefix}{name}.")
+        else:
+            yield KeyHelp(prefix + name, _type_name(tp), _plain(default), docs.get(name, ""), _plain(value))
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """{field name: the string literal written right under the field} of a dataclass, read
+    from its source (attribute docstrings, as Sphinx reads them)."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
 def dump(cfg: Config, path: str | Path) -> None:
     """Write cfg as a YAML recipe that ``load`` reads back to an equal Config. The file is
     replaced atomically, so a crash never leaves half of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    tmp.write_text(dump_text(cfg), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def dump_text(cfg: Config) -> str:
+    """cfg as the YAML recipe ``dump`` writes (sections in declaration order)."""
+    return yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
 def config_hash(
@@ -451,6 +555,11 @@ def config_hash(
     ignore: Sequence[str] = (
         "run.dir",
         "run.progress",
+        "run.log_every",
+        "run.loggers",
+        "run.log_samples",
+        "run.wandb_project",
+        "run.wandb_mode",
         "train.total_steps",
         "eval.every_steps",
         "checkpoint.every_steps",
@@ -484,6 +593,8 @@ _GROUP_RELATIVE = ("grpo", "rloo", "dr_grpo", "lite_ppo")
 
 _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "run.threads": _NON_NEGATIVE,
+    "run.log_every": _NON_NEGATIVE,
+    "run.log_samples": _NON_NEGATIVE,
     "run.device": (lambda v: _DEVICE.fullmatch(v) is not None, "cpu, cuda, cuda:N or mps"),
     "data.families": (lambda v: len(v) > 0, "a non-empty list"),
     "data.train_size": _AT_LEAST_1,
@@ -759,6 +870,18 @@ def _describe(tp: Any) -> str:
     if origin is tuple:
         return f"a list (or a comma-separated string) of items, each {_describe(args[0])}"
     return _SCALARS[tp]
+
+
+def _type_name(tp: Any) -> str:
+    """``tp`` in short: ``float``, ``int | null``, ``hf | fast | vllm``, ``list[str]``."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, UnionType):
+        return " | ".join(map(_type_name, args))
+    if origin is Literal:
+        return " | ".join(map(str, args))
+    if origin is tuple:
+        return f"list[{_type_name(args[0])}]"
+    return "null" if tp is type(None) else tp.__name__
 
 
 def _plain(value: Any) -> Any:

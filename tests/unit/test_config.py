@@ -260,3 +260,23 @@ def test_config_hash_ignores_resumable_keys():
     assert config_hash(load(None, ["algo.eps_high=0.28"]), ignore=("algo.eps_high",)) == config_hash(
         Config(), ignore=("algo.eps_high",)
     )
+
+
+def test_every_config_field_is_documented_where_it_is_declared():
+    from reasonrl.config import keys_help
+
+    undocumented = [k.key for k in keys_help() if not k.help.strip()]
+    assert not undocumented, f"config fields without a docstring under them: {undocumented}"
+
+
+def test_keys_help_gives_type_default_and_the_value_of_a_config():
+    from reasonrl.config import field_docs, keys_help
+
+    keys = {k.key: k for k in keys_help(load(None, ["algo.dual_clip=3", "data.families=add"]))}
+    assert keys["algo.dual_clip"].type == "float | null" and keys["algo.dual_clip"].default is None
+    assert keys["algo.dual_clip"].value == 3.0
+    assert keys["data.families"].type == "list[str]" and keys["data.families"].value == ["add"]
+    assert keys["algo.kl_kind"].type == "k1 | k2 | k3 | abs"
+    assert keys["train.grad_clip"].help.startswith("Gradients are scaled down to this global L2 norm")
+    # A multi-line docstring comes back dedented, and a field's help is its own, not the next one's.
+    assert field_docs(type(load(None).sft))["target_acc"].startswith("Stop once greedy held-out accuracy")

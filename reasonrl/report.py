@@ -1,15 +1,38 @@
-"""A run report: PNG plots of one or several runs' ``metrics.jsonl`` and a ``report.html``.
+"""A run report: plots, config differences and events of one or several runs, in ``report.html``.
 
     write_report(["runs/dapo", "runs/grpo"])   # -> runs/report/report.html
 
-Every plot puts all runs on the same axes (x = step, one colour per run); a plot whose
-metrics appear in no run is not written. Validation metrics exist only on evaluation
-steps, so each series is drawn through the steps that have it.
+Each run directory needs ``metrics.jsonl``; its ``config.yaml`` (the resolved config the
+trainer writes) and ``events.jsonl`` (faults, restarts, guards) are shown when present, and
+their absence is said in the page. ``report.html`` holds, in this order:
+
+- a summary table, one row per run: steps, held-out accuracy (first, last, best, greedy),
+  final reward, ETTR, time lost to faults, MTTR, wall time;
+- with two or more configs, their differences: one row per dotted key (``algo.eps_high``)
+  whose values differ, one column per run. Keys that only change where and how a run logs
+  (``run.dir``, ``run.loggers``, ... :data:`LOGGING_KEYS`) are in a separate, folded table;
+- the plots, PNG files beside the HTML referenced by relative path: reward, accuracy
+  (sampled, greedy, pass@k, train), accuracy per data source (``val/acc/<source>``, one panel
+  each), response length and its clip ratio, entropy, PPO clip fractions, policy loss, KL
+  (``actor/ppo_kl``, and ``actor/kl_loss`` with the KL loss on), gradient norm, learning
+  rate, dynamic sampling counters (``batch/*``), throughput and tokens (``perf/throughput``,
+  ``perf/total_num_tokens``), ETTR, time lost to faults, and the seconds of each stage;
+- each run's events: step, kind and a short detail of every line of ``events.jsonl``;
+- each run's ``config.yaml``, folded.
+
+Every line plot puts all runs on the same axes (x = step, integer ticks; one colour per run),
+the stage timings are a bar chart per run, and a plot whose metrics appear in no run is not
+written. Validation metrics exist only on
+evaluation steps, so each series is drawn through the steps that have it. On the line plots
+the incidents of a run (:data:`MARKED_KINDS`) are dashed vertical lines in its colour at
+their step, with their kinds written beside the line. Every text from the run directories
+is HTML-escaped.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -17,23 +40,48 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from reasonrl.errors import InputError, InputNotFound
 from reasonrl.metrics import read_jsonl
-from reasonrl.resilience.ettr import effective_time, step_seconds
+from reasonrl.resilience.ettr import FAILURES, effective_time, step_seconds
 
 _PASS_AT_K = re.compile(r"^val/pass@\d+$")
+
+MARKED_KINDS = FAILURES | {
+    "gave_up", "fatal", "recovered", "rollback", "nonfinite", "spike", "slowdown", "slowdown_recovered",
+    "checkpoint_failed", "reward_failed", "rollout_died", "rollout_timeout", "rollout_restarted", "fault_injected",
+}
+"""Event kinds drawn on the plots: the supervisor's failures, each followed by a restart
+(``crash``, ``killed``, ``hang``) unless it ``gave_up``, ``fatal`` stops, ``recovered``
+restarts, guard verdicts (``rollback``, ``nonfinite``, ``spike``), fail-slow workers,
+failed checkpoints and rewards, rollout process restarts and injected faults."""
+
+LOGGING_KEYS = frozenset({
+    "run.dir", "run.progress", "run.log_every", "run.loggers", "run.log_samples", "run.wandb_project", "run.wandb_mode",
+})
+"""Config keys that change where and how a run logs, never what it trains."""
+
+_DETAIL_CHARS = 200
 
 
 @dataclass
 class Run:
-    """One run directory's label, metric rows and, with an event log, its ETTR figures
-    (:func:`~reasonrl.resilience.ettr.effective_time`, as ``summary.json`` has them)."""
+    """One run directory: its label, metric rows, config and events.
+
+    ``config`` maps the dotted keys of config.yaml to their values and ``config_text`` is the
+    file's text (both None without one); ``events`` is None without an events.jsonl.
+    ``figures`` are the ETTR figures of :func:`~reasonrl.resilience.ettr.effective_time` when
+    there are events, as ``summary.json`` has them."""
 
     label: str
     rows: list[dict[str, Any]]
     figures: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    config_text: str | None = None
+    events: list[dict[str, Any]] | None = None
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """The steps that have ``key`` and its values there."""
@@ -44,10 +92,21 @@ class Run:
         """Every metric name appearing in some row."""
         return {key for row in self.rows for key in row}
 
+    def marked_steps(self) -> dict[int, list[str]]:
+        """{step: the distinct kinds, in log order} of the events in :data:`MARKED_KINDS`."""
+        marked: dict[int, list[str]] = {}
+        for event in self.events or []:
+            if event["kind"] in MARKED_KINDS and event["step"] is not None:
+                kinds = marked.setdefault(event["step"], [])
+                if event["kind"] not in kinds:
+                    kinds.append(event["kind"])
+        return marked
+
 
 def load_run(run_dir: str | Path) -> Run:
-    """Read ``run_dir/metrics.jsonl`` and label the run ``"<dir name> (<algo.adv_estimator>)"``
-    (just the directory name when ``config.yaml`` is absent or lacks the key)."""
+    """Read a run directory: ``metrics.jsonl`` (required), ``config.yaml`` and ``events.jsonl``
+    (each when present). The label is ``"<dir name> (<algo.adv_estimator>)"``, just the
+    directory name without the key."""
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
     if not run_dir.is_dir():
@@ -60,52 +119,195 @@ def load_run(run_dir: str | Path) -> Run:
     for number, row in enumerate(rows, start=1):
         if not isinstance(row.get("step"), int):
             raise InputError(f"{metrics}: row {number} has step={row.get('step')!r}, expected an integer")
+    config_path, events_path = run_dir / "config.yaml", run_dir / "events.jsonl"
+    config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else None
+    config = read_config(config_path, config_text) if config_text is not None else None
+    events = read_events(events_path) if events_path.is_file() else None
     label = run_dir.resolve().name
-    estimator = _adv_estimator(run_dir / "config.yaml")
-    if estimator:
-        label = f"{label} ({estimator})"
-    events = run_dir / "events.jsonl"
-    figures = effective_time(read_jsonl(events), step_seconds(rows)) if events.is_file() else None
-    return Run(label, rows, figures)
+    if config and config.get("algo.adv_estimator"):
+        label = f"{label} ({config['algo.adv_estimator']})"
+    figures = effective_time(events, step_seconds(rows)) if events is not None else None
+    return Run(label, rows, figures, config, config_text, events)
 
 
-def _adv_estimator(config_path: Path) -> str | None:
-    if not config_path.is_file():
-        return None
+def read_config(path: Path, text: str) -> dict[str, Any]:
+    """The YAML mapping ``text`` of ``path`` as {dotted key: value}, in file order; an
+    InputError naming the file and line when it is not valid YAML or not a mapping."""
     try:
-        config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+        tree = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise InputError(f"{config_path}: not valid YAML ({err})") from err
-    algo = config.get("algo") if isinstance(config, dict) else None
-    return algo.get("adv_estimator") if isinstance(algo, dict) else None
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}" if mark else str(path)
+        raise InputError(f"{where}: not valid YAML ({getattr(err, 'problem', None) or err})") from err
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise InputError(f"{path}, line 1: expected a mapping of config sections, got {type(tree).__name__}")
+    return _flatten(tree, "")
 
 
-def _line_plot(
-    runs: list[Run], path: Path, title: str, ylabel: str, styles: list[tuple[str, dict[str, Any]]]
-) -> bool:
-    """Plot each (metric, line style) of ``styles`` for every run; write ``path`` if any data."""
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
-    drawn = False
-    for index, run in enumerate(runs):
-        color = f"C{index % 10}"
-        for key, style in styles:
-            steps, values = run.series(key)
-            if steps:
-                ax.plot(steps, values, color=color, label=f"{run.label}: {key}", **style)
-                drawn = True
+def _flatten(tree: dict[Any, Any], prefix: str) -> dict[str, Any]:
+    """{dotted key: leaf value} of a nested mapping; an empty mapping is a leaf."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat |= _flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The events of ``path``; an InputError naming the file and line for an event without a
+    string ``kind``, a numeric ``time`` or an integer (or null) ``step``."""
+    events = read_jsonl(path)
+    lines = [n for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1) if line.strip()]
+    for line, event in zip(lines, events):
+        if not isinstance(event, dict):
+            raise InputError(f"{path}, line {line}: expected a JSON object, got {type(event).__name__}")
+        kind, time, step = event.get("kind"), event.get("time"), event.get("step")
+        problems = [
+            f"{name}={value!r} (expected {expected})"
+            for name, value, expected, ok in [
+                ("kind", kind, "a string", isinstance(kind, str)),
+                ("time", time, "a number", type(time) in (int, float)),
+                ("step", step, "an integer or null", step is None or type(step) is int),
+            ]
+            if not ok
+        ]
+        if problems:
+            raise InputError(f"{path}, line {line}: not an event: " + ", ".join(problems))
+    return events
+
+
+# --- plots ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One axes of a plot: its title, y label and the (metric, line style) drawn for every run."""
+
+    title: str
+    ylabel: str
+    lines: list[tuple[str, dict[str, Any]]]
+
+
+def plot_specs(runs: list[Run]) -> dict[str, list[Panel]]:
+    """{PNG file name: its panels} of the line plots, in report order."""
+    keys = set().union(*(run.keys() for run in runs))
+    pass_at_k = sorted(k for k in keys if _PASS_AT_K.match(k))
+    sources = sorted(k for k in keys if k.startswith("val/acc/"))
+    dashed, dotted, dots = {"linestyle": "--"}, {"linestyle": ":"}, {"marker": "o", "markersize": 3}
+    return {
+        "reward.png": [Panel("reward (critic/score/mean)", "score", [("critic/score/mean", {})])],
+        "accuracy.png": [Panel(
+            "accuracy (held-out val; dashed: greedy, dotted: pass@k, faint: train)",
+            "accuracy",
+            [("val/acc", dots), ("val/acc_greedy", dashed)] + [(k, dotted) for k in pass_at_k]
+            + [("train/acc", {"alpha": 0.3, "linewidth": 1})],
+        )],
+        "accuracy_by_source.png": [
+            Panel(f"held-out accuracy: {k.removeprefix('val/acc/')}", "accuracy", [(k, dots)]) for k in sources
+        ],
+        "response_length.png": [
+            Panel("response length (response_length/mean)", "tokens", [("response_length/mean", {})]),
+            Panel("responses cut at max_new_tokens (response_length/clip_ratio)", "fraction",
+                  [("response_length/clip_ratio", {})]),
+        ],
+        "entropy.png": [Panel("policy entropy", "nats / token", [("actor/entropy", {})])],
+        "clipfrac.png": [Panel(
+            "PPO clip fraction (dashed: lower clip)",
+            "fraction of tokens",
+            [("actor/pg_clipfrac", {}), ("actor/pg_clipfrac_lower", dashed)],
+        )],
+        "policy_loss.png": [Panel("policy loss (actor/pg_loss)", "loss", [("actor/pg_loss", {})])],
+        "kl.png": [Panel(
+            "KL to the old policy (actor/ppo_kl); dashed: KL loss to the reference",
+            "nats / token",
+            [("actor/ppo_kl", {}), ("actor/kl_loss", dashed)],
+        )],
+        "grad_norm.png": [Panel("gradient norm before clipping (actor/grad_norm)", "norm", [("actor/grad_norm", {})])],
+        "lr.png": [Panel("learning rate (actor/lr)", "learning rate", [("actor/lr", {})])],
+        "dynamic_sampling.png": [
+            Panel(
+                "dynamic sampling groups: kept; dropped all correct (dashed), all wrong (dotted)",
+                "groups per step",
+                [("batch/kept_groups", {}), ("batch/dropped_all_correct", dashed), ("batch/dropped_all_wrong", dotted)],
+            ),
+            Panel("samples generated per kept group", "samples", [("batch/samples_per_kept_group", {})]),
+        ],
+        "throughput.png": [
+            Panel("throughput (perf/throughput)", "tokens / s", [("perf/throughput", {})]),
+            Panel("tokens per step (perf/total_num_tokens)", "tokens", [("perf/total_num_tokens", {})]),
+        ],
+        "ettr.png": [Panel("effective training time ratio", "ETTR", [("ettr", {})])],
+        "recovery.png": [Panel(
+            "time lost to faults (dashed: mean time to recover)", "seconds", [("time_lost_s", {}), ("mttr_s", dashed)]
+        )],
+    }
+
+
+def _colour(index: int) -> str:
+    return f"C{index % 10}"
+
+
+def line_figure(runs: list[Run], panels: list[Panel]) -> Figure | None:
+    """The panels that have data in some run, stacked (two columns beyond two panels), every
+    run in its colour with its incidents marked (those of the runs it shows); None when no
+    panel has data."""
+    drawn = [p for p in panels if any(run.series(key)[0] for run in runs for key, _ in p.lines)]
     if not drawn:
-        return False
-    ax.set(title=title, xlabel="step", ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
-    return True
+        return None
+    cols = 1 if len(drawn) <= 2 else 2
+    rows = math.ceil(len(drawn) / cols)
+    fig = Figure(figsize=(8 if cols == 1 else 12, 1 + 3.5 * rows))
+    grid = fig.subplots(rows, cols, squeeze=False, sharex=True)
+    axes = list(grid.flat)
+    for ax in axes[len(drawn):]:
+        ax.remove()
+    for ax, panel in zip(axes, drawn):
+        for index, run in enumerate(runs):
+            for key, style in panel.lines:
+                steps, values = run.series(key)
+                if steps:
+                    ax.plot(steps, values, color=_colour(index), label=f"{run.label}: {key}", **style)
+        ax.set(title=panel.title, xlabel="step", ylabel=panel.ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_tick_params(labelbottom=True)  # sharex hides them above the last row
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 5))
+    for index, run in enumerate(runs):
+        if any(run.series(key)[0] for panel in drawn for key, _ in panel.lines):
+            _mark_events(axes[: len(drawn)], run, _colour(index))
+    _fit(fig, rows, cols)
+    return fig
 
 
-def _timing_plot(runs: list[Run], path: Path) -> bool:
-    """Stacked bars of seconds per stage (every ``timing_s/*`` but ``timing_s/step``), one subplot per run."""
+def _fit(fig: Figure, rows: int, cols: int) -> None:
+    """Margins and gaps in inches that hold the tick labels, axis labels and titles of a grid of
+    axes (``tight_layout`` measures them instead, at the cost of drawing the figure once more)."""
+    width, height = fig.get_size_inches()
+    left, right, bottom, top, gap = 0.9, 0.25, 0.6, 0.45, 1.0
+    axes_w = (width - left - right - (cols - 1) * gap) / cols
+    axes_h = (height - bottom - top - (rows - 1) * gap) / rows
+    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
+                        wspace=gap / axes_w, hspace=gap / axes_h)
+
+
+def _mark_events(axes: list[Axes], run: Run, colour: str) -> None:
+    """A dashed vertical line on every axes at each step of ``run`` with marked events, their
+    kinds written along it at the top of the first axes."""
+    for step, kinds in run.marked_steps().items():
+        for ax in axes:
+            ax.axvline(step, color=colour, linestyle="--", linewidth=1, alpha=0.6)
+        axes[0].annotate(", ".join(kinds), xy=(step, 0.98), xycoords=("data", "axes fraction"), rotation=90,
+                         fontsize=7, color=colour, ha="right", va="top")
+
+
+def timing_figure(runs: list[Run]) -> Figure | None:
+    """Stacked bars of seconds per stage (every ``timing_s/*`` but ``timing_s/step``), one
+    subplot per run; None when no run has timings."""
     timed_runs = []
     for run in runs:
         stages = sorted(k for k in run.keys() if k.startswith("timing_s/") and k != "timing_s/step")
@@ -113,8 +315,8 @@ def _timing_plot(runs: list[Run], path: Path) -> bool:
         if rows:
             timed_runs.append((run, stages, rows))
     if not timed_runs:
-        return False
-    fig = Figure(figsize=(8, 3.5 * len(timed_runs)))
+        return None
+    fig = Figure(figsize=(8, 1 + 3.5 * len(timed_runs)))
     axes = fig.subplots(len(timed_runs), 1, squeeze=False)[:, 0]
     for ax, (run, stages, rows) in zip(axes, timed_runs):
         steps = [row["step"] for row in rows]
@@ -125,42 +327,28 @@ def _timing_plot(runs: list[Run], path: Path) -> bool:
             bottom = [b + s for b, s in zip(bottom, seconds)]
         ax.set(title=f"time per stage: {run.label}", xlabel="step", ylabel="seconds")
         ax.legend(fontsize="small", loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
-    return True
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _fit(fig, len(timed_runs), 1)
+    return fig
 
 
 def _write_plots(runs: list[Run], out_dir: Path) -> list[str]:
-    """Write every plot that has data; return the file names written."""
-    pass_at_k = sorted({k for run in runs for k in run.keys() if _PASS_AT_K.match(k)})
-    plots = {
-        "reward.png": ("reward (critic/score/mean)", "score", [("critic/score/mean", {})]),
-        "accuracy.png": (
-            "accuracy (held-out val; dashed: greedy, dotted: pass@k, faint: train)",
-            "accuracy",
-            [("val/acc", {"marker": "o", "markersize": 3}), ("val/acc_greedy", {"linestyle": "--"})]
-            + [(k, {"linestyle": ":"}) for k in pass_at_k]
-            + [("train/acc", {"alpha": 0.3, "linewidth": 1})],
-        ),
-        "response_length.png": ("response length (tokens)", "tokens", [("response_length/mean", {})]),
-        "entropy.png": ("policy entropy", "nats / token", [("actor/entropy", {})]),
-        "clipfrac.png": (
-            "PPO clip fraction (dashed: lower clip)",
-            "fraction of tokens",
-            [("actor/pg_clipfrac", {}), ("actor/pg_clipfrac_lower", {"linestyle": "--"})],
-        ),
-    }
-    written = [
-        name for name, (title, ylabel, styles) in plots.items() if _line_plot(runs, out_dir / name, title, ylabel, styles)
-    ]
-    if _timing_plot(runs, out_dir / "timing.png"):
-        written.append("timing.png")
-    if _line_plot(runs, out_dir / "ettr.png", "effective training time ratio", "ETTR", [("ettr", {})]):
-        written.append("ettr.png")
-    recovery = [("time_lost_s", {}), ("mttr_s", {"linestyle": "--"})]
-    if _line_plot(runs, out_dir / "recovery.png", "time lost to faults (dashed: mean time to recover)", "seconds", recovery):
-        written.append("recovery.png")
-    return written
+    """Write every plot that has data; return the file names written, in report order."""
+    written = []
+    for name, panels in plot_specs(runs).items():
+        written += _save(line_figure(runs, panels), out_dir / name)
+    return written + _save(timing_figure(runs), out_dir / "timing.png")
+
+
+def _save(fig: Figure | None, path: Path) -> list[str]:
+    """Write ``fig`` (if any) to the PNG ``path``; ``[path.name]`` when written, else ``[]``."""
+    if fig is None:
+        return []
+    fig.savefig(path, format="png", dpi=100)
+    return [path.name]
+
+
+# --- tables --------------------------------------------------------------------------
 
 
 def _fmt(value: float | None) -> str:
@@ -180,7 +368,6 @@ def summary(run: Run) -> dict[str, str]:
     _, val = run.series("val/acc")
     _, greedy = run.series("val/acc_greedy")
     _, score = run.series("critic/score/mean")
-    _, wall = run.series("time")
     finite_val = [v for v in val if math.isfinite(v)]
     figures = run.figures
     return {
@@ -199,6 +386,97 @@ def summary(run: Run) -> dict[str, str]:
     }
 
 
+_ABSENT = object()
+
+
+def config_diff(configs: list[dict[str, Any]]) -> list[str]:
+    """The dotted keys whose values are not the same in all ``configs`` (a key some lack
+    included), in the order they first appear."""
+    keys = dict.fromkeys(key for config in configs for key in config)
+    return [key for key in keys if any(c.get(key, _ABSENT) != configs[0].get(key, _ABSENT) for c in configs[1:])]
+
+
+def _fmt_config_value(value: Any) -> str:
+    """A config value as YAML writes it inline: null, true, 0.28, [add, mul]; "(absent)"."""
+    if value is _ABSENT:
+        return "(absent)"
+    return yaml.safe_dump(value, default_flow_style=True, width=math.inf).removesuffix("\n...\n").strip()
+
+
+def _short(value: Any) -> str:
+    """An event field for the detail column: floats to 4 digits, a multi-line text by its last line."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, str):
+        lines = [line.strip() for line in value.strip().splitlines() if line.strip()]
+        return lines[-1] if lines else "''"
+    return json.dumps(value, default=str)
+
+
+def event_detail(event: dict[str, Any]) -> str:
+    """``key=value`` of an event's fields but time, kind and step, cut at 200 characters."""
+    text = ", ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in ("time", "kind", "step"))
+    return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 1] + "…"
+
+
+def _table(header: list[str], rows: list[list[str]], css: str = "") -> str:
+    """An HTML table of escaped cells."""
+    cls = f' class="{css}"' if css else ""
+    head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"
+    body = ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
+    return f"<table{cls}>\n" + "\n".join([head, *body]) + "\n</table>"
+
+
+def _config_section(runs: list[Run]) -> str:
+    """The config differences between the runs that have a config (two or more)."""
+    have = [run for run in runs if run.config is not None]
+    missing = [run.label for run in runs if run.config is None]
+    parts = ["<h2>Config differences</h2>"]
+    if len(have) >= 2:
+        keys = config_diff([run.config for run in have])
+        header = ["key", *(run.label for run in have)]
+        rows = {key: [key, *(_fmt_config_value(run.config.get(key, _ABSENT)) for run in have)] for key in keys}
+        training = [row for key, row in rows.items() if key not in LOGGING_KEYS]
+        logging = [row for key, row in rows.items() if key in LOGGING_KEYS]
+        agree = "<p>The configs agree on every key that changes training.</p>"
+        parts.append(_table(header, training, "left") if training else agree)
+        if logging:
+            parts.append(f"<details><summary>Keys that differ but change only where and how a run logs ({len(logging)})"
+                         f"</summary>\n{_table(header, logging, 'left')}\n</details>")
+    else:
+        parts.append("<p>Fewer than two runs have a config.yaml: nothing to compare.</p>")
+    if missing:
+        parts.append(f"<p>No config.yaml in: {html.escape(', '.join(missing))}.</p>")
+    return "\n".join(parts)
+
+
+def _events_section(runs: list[Run]) -> str:
+    """The events table of each run (or why there is none)."""
+    parts = ["<h2>Events</h2>"]
+    for run in runs:
+        parts.append(f"<h3>{html.escape(run.label)}</h3>")
+        if run.events is None:
+            parts.append("<p>No events.jsonl.</p>")
+        elif not run.events:
+            parts.append("<p>No events.</p>")
+        else:
+            rows = [["–" if e["step"] is None else str(e["step"]), e["kind"], event_detail(e)] for e in run.events]
+            parts.append(_table(["step", "kind", "detail"], rows, "left"))
+    return "\n".join(parts)
+
+
+def _configs_section(runs: list[Run]) -> str:
+    """Each run's config.yaml, folded."""
+    parts = ["<h2>Configs</h2>"]
+    for run in runs:
+        if run.config is None:
+            parts.append(f"<p>{html.escape(run.label)}: no config.yaml.</p>")
+        else:
+            parts.append(f"<details><summary>config.yaml of {html.escape(run.label)}</summary>\n"
+                         f"<pre>{html.escape(run.config_text)}</pre>\n</details>")
+    return "\n".join(parts)
+
+
 _PAGE = """<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -209,15 +487,20 @@ body {{ font-family: sans-serif; margin: 2em; }}
 table {{ border-collapse: collapse; margin-bottom: 2em; }}
 th, td {{ border: 1px solid #bbb; padding: 0.3em 0.7em; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }}
+table.left td {{ text-align: left; font-family: monospace; }}
 img {{ max-width: 100%; display: block; margin-bottom: 1.5em; }}
+pre {{ background: #f6f6f6; padding: 1em; }}
+details {{ margin-bottom: 1.5em; }}
 </style>
 </head>
 <body>
 <h1>{title}</h1>
-<table>
-{table}
-</table>
+{summary}
+{configs}
+<h2>Plots</h2>
 {images}
+{events}
+{config_files}
 </body>
 </html>
 """
@@ -225,11 +508,15 @@ img {{ max-width: 100%; display: block; margin-bottom: 1.5em; }}
 
 def _html(runs: list[Run], images: list[str]) -> str:
     rows = [summary(run) for run in runs]
-    header = "<tr>" + "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) + "</tr>"
-    body = ["<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row.values()) + "</tr>" for row in rows]
-    pictures = "\n".join(f'<img src="{html.escape(name)}" alt="{html.escape(name)}">' for name in images)
     title = "reasonrl report: " + ", ".join(run.label for run in runs)
-    return _PAGE.format(title=html.escape(title), table="\n".join([header, *body]), images=pictures)
+    return _PAGE.format(
+        title=html.escape(title),
+        summary=_table(list(rows[0]), [list(row.values()) for row in rows]),
+        configs=_config_section(runs) if len(runs) >= 2 else "",
+        images="\n".join(f'<img src="{html.escape(name)}" alt="{html.escape(name)}">' for name in images),
+        events=_events_section(runs),
+        config_files=_configs_section(runs),
+    )
 
 
 def write_report(run_dirs: list[str | Path], out_dir: str | Path | None = None) -> Path:
@@ -237,7 +524,8 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path | None = None) 
 
     ``out_dir`` defaults to the run directory for one run and to ``<first run dir>/../report``
     for several. Raises FileNotFoundError for a missing run directory or metrics.jsonl and
-    ValueError for a metrics.jsonl without rows.
+    ValueError (InputError) for a metrics.jsonl without rows or a malformed config.yaml or
+    events.jsonl, naming the file and line.
     """
     if not run_dirs:
         raise InputError("write_report: expected at least one run directory, got none")

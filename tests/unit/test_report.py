@@ -1,74 +1,176 @@
-"""Run report: PNG plots and report.html for one and several runs."""
+"""Run report: plots, config differences and events for one and several runs."""
 
 import json
+import re
 
 import pytest
 
-from reasonrl.report import write_report
+from reasonrl.config import dump, load
+from reasonrl.errors import InputError
+from reasonrl.report import Run, line_figure, plot_specs, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
+LINE_PLOTS = [
+    "reward.png", "accuracy.png", "accuracy_by_source.png", "response_length.png", "entropy.png", "clipfrac.png",
+    "policy_loss.png", "kl.png", "grad_norm.png", "lr.png", "dynamic_sampling.png", "throughput.png",
+]
 
-def _write_run(run_dir, adv_estimator, scale):
+
+def _rows(scale):
+    """Four steps of the metrics a DAPO run logs; validation on even steps."""
+    rows = []
+    for step in range(1, 5):
+        row = {
+            "step": step,
+            "time": 30.0 * step,
+            "critic/score/mean": scale * step,
+            "train/acc": 0.1 * step,
+            "response_length/mean": 100 + step,
+            "response_length/clip_ratio": 0.05 * step,
+            "actor/entropy": 1.0 / step,
+            "actor/pg_clipfrac": 0.01 * step,
+            "actor/pg_clipfrac_lower": 0.001 * step,
+            "actor/pg_loss": -0.01 * step,
+            "actor/grad_norm": 0.5 + step,
+            "actor/ppo_kl": 0.001 * step,
+            "actor/kl_loss": 0.002 * step,
+            "actor/lr": 1e-4,
+            "batch/kept_groups": 16,
+            "batch/dropped_all_correct": step,
+            "batch/dropped_all_wrong": 5 - step,
+            "batch/samples_per_kept_group": 8 + step,
+            "perf/throughput": 1000.0 + step,
+            "perf/total_num_tokens": 5000 + step,
+            "timing_s/gen": 2.0,
+            "timing_s/update_actor": 1.0,
+            "timing_s/step": 3.5,
+        }
+        if step % 2 == 0:
+            row |= {"val/acc": 0.125 * step, "val/acc_greedy": 0.2 * step, "val/pass@4": 0.25 * step,
+                    "val/acc/embedded/add": 0.2 * step, "val/acc/embedded/mul": 0.1 * step}
+        rows.append(row)
+    return rows
+
+
+EVENTS = [  # a crash at step 3 restarted from the step-2 checkpoint, then a rollback at step 4
+    {"time": 100.0, "kind": "start", "step": 0, "resumed": False},
+    {"time": 160.0, "kind": "checkpoint", "step": 2, "path": "checkpoints/step_2"},
+    {"time": 190.0, "kind": "crash", "step": 3, "attempt": 1, "returncode": 1, "backoff_s": 1.0,
+     "stderr_tail": "Traceback (most recent call last):\n  ...\nRuntimeError: <boom> & co"},
+    {"time": 195.0, "kind": "start", "step": 2, "resumed": True},
+    {"time": 196.0, "kind": "resume", "step": 2, "from_step": 2, "path": "checkpoints/step_2"},
+    {"time": 230.0, "kind": "recovered", "step": 3, "recover_s": 40.0, "steps_lost": 1, "from_step": 2, "failures": 1},
+    {"time": 260.0, "kind": "rollback", "step": 4, "reason": "spike in grad_norm", "to": "checkpoints/step_2",
+     "from_step": 2, "recover_s": 2.5},
+]
+
+
+def _write_run(run_dir, rows, overrides=None, events=None):
+    """A run directory: metrics.jsonl, a real config.yaml (from ``overrides``) and events.jsonl when given."""
     run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(f"algo:\n  adv_estimator: {adv_estimator}\n")
-    with open(run_dir / "metrics.jsonl", "w") as f:
-        for step in range(1, 5):
-            row = {
-                "step": step,
-                "time": 30.0 * step,
-                "critic/score/mean": scale * step,
-                "train/acc": 0.1 * step,
-                "response_length/mean": 100 + step,
-                "actor/entropy": 1.0 / step,
-                "actor/pg_clipfrac": 0.01 * step,
-                "actor/pg_clipfrac_lower": 0.001 * step,
-                "timing_s/gen": 2.0,
-                "timing_s/update_actor": 1.0,
-                "timing_s/step": 3.5,
-            }
-            if step % 2 == 0:  # validation only on some steps
-                row |= {"val/acc": 0.125 * step, "val/acc_greedy": 0.2 * step, "val/pass@4": 0.25 * step}
-            f.write(json.dumps(row) + "\n")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if overrides is not None:
+        dump(load(None, [f"run.dir={run_dir}", *overrides]), run_dir / "config.yaml")
+    if events is not None:
+        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
-def test_report_for_two_runs(tmp_path):
-    _write_run(tmp_path / "runs" / "dapo", "grpo", 0.1)
-    _write_run(tmp_path / "runs" / "ppo", "gae", 0.2)
-    html_path = write_report([tmp_path / "runs" / "dapo", tmp_path / "runs" / "ppo"])
-    out = tmp_path / "runs" / "report"
+def _section(page, heading):
+    """The HTML from ``<h2>heading</h2>`` to the next ``<h2>``."""
+    return page.split(f"<h2>{heading}</h2>", 1)[1].split("<h2>", 1)[0]
+
+
+def test_report_compares_configs_plots_and_events(tmp_path):
+    runs = tmp_path / "runs"
+    _write_run(runs / "dapo", _rows(0.1), ["algo.adv_estimator=grpo", "algo.eps_high=0.28"], EVENTS)
+    _write_run(runs / "ppo", _rows(0.2), ["algo.adv_estimator=gae"])
+    _write_run(runs / "bare", [{"step": 1, "critic/score/mean": 0.3}])  # no config.yaml, no events.jsonl
+    html_path = write_report([runs / "dapo", runs / "ppo", runs / "bare"])
+    out = runs / "report"
     assert html_path == out / "report.html"
-    pngs = ["reward.png", "accuracy.png", "response_length.png", "entropy.png", "clipfrac.png", "timing.png"]
-    for name in pngs:
-        assert (out / name).read_bytes().startswith(PNG), name
-    assert not (out / "ettr.png").exists() and not (out / "recovery.png").exists()  # no such keys: no plots
     page = html_path.read_text()
-    assert "dapo (grpo)" in page and "ppo (gae)" in page
-    # val/acc first 0.250, last/best 0.500; greedy first 0.400, last 0.800; score 0.400 / 0.800; 2 min
+
+    for name in [*LINE_PLOTS, "timing.png"]:
+        assert (out / name).read_bytes().startswith(PNG), name
+        assert f'src="{name}"' in page, name
+    assert not (out / "ettr.png").exists() and not (out / "recovery.png").exists()  # no such keys: no plots
+
+    assert "dapo (grpo)" in page and "ppo (gae)" in page and "bare" in page
+    # dapo: val/acc first 0.250, last/best 0.500; greedy 0.400 / 0.800; ppo's final score 0.800; 2 min
     for number in ["0.250", "0.500", "0.400", "0.800", "0:02:00"]:
         assert number in page
-    for name in pngs:
-        assert f'src="{name}"' in page
+
+    diff = _section(page, "Config differences")
+    main_table = diff.split("</table>", 1)[0]
+    assert "<td>algo.eps_high</td><td>0.28</td><td>0.2</td>" in main_table
+    assert "<td>algo.adv_estimator</td><td>grpo</td><td>gae</td>" in main_table
+    assert main_table.count("<tr>") == 3  # the header and the two keys that differ: no equal key listed
+    assert "algo.eps_low" not in diff and "train.lr" not in diff
+    assert "run.dir" not in main_table and "<td>run.dir</td>" in diff  # folded apart
+    assert "No config.yaml in: bare" in diff
+
+    events = _section(page, "Events")
+    dapo_events, ppo_events, bare_events = events.split("<h3>")[1:]
+    assert "<td>3</td><td>crash</td>" in dapo_events and "<td>4</td><td>rollback</td>" in dapo_events
+    assert "reason=spike in grad_norm" in dapo_events
+    assert "stderr_tail=RuntimeError: &lt;boom&gt; &amp; co" in dapo_events  # the last line, escaped
+    assert "<boom>" not in page
+    assert "No events.jsonl" in ppo_events and "No events.jsonl" in bare_events
+
+    configs = _section(page, "Configs")
+    assert "eps_high: 0.28" in configs and "bare: no config.yaml" in configs
 
 
-def test_report_for_one_run_defaults_to_run_dir(tmp_path):
+def test_plots_have_integer_steps_and_mark_events():
+    rows = [{"step": s, "actor/pg_loss": 0.1 * s, "val/acc/a": 0.5, "val/acc/b": 0.25} for s in range(1, 5)]
+    runs = [Run("dapo", rows, events=EVENTS), Run("grpo", rows)]
+    specs = plot_specs(runs)
+    fig = line_figure(runs, specs["policy_loss.png"])
+    [ax] = fig.axes
+    ticks = ax.get_xticks()
+    assert len(ticks) >= 3 and all(t == int(t) for t in ticks)  # the default locator puts ticks at 1.5, 2.5, ...
+    verticals = sorted(line.get_xdata()[0] for line in ax.lines if len(set(line.get_xdata())) == 1)
+    assert verticals == [3, 4]  # crash and recovered at 3, rollback at 4; not start, checkpoint, resume
+    assert sorted(t.get_text() for t in ax.texts) == ["crash, recovered", "rollback"]
+    assert all(line.get_color() == "C0" for line in ax.lines if len(set(line.get_xdata())) == 1)  # dapo's colour
+    by_source = line_figure(runs, specs["accuracy_by_source.png"])
+    assert [a.get_title() for a in by_source.axes] == ["held-out accuracy: a", "held-out accuracy: b"]
+    assert line_figure(runs, specs["throughput.png"]) is None  # no run has perf/*
+
+
+def test_one_run_without_config_defaults_to_run_dir(tmp_path):
     run = tmp_path / "solo"
-    run.mkdir()
     rows = [
         {"step": 1, "critic/score/mean": 0.5, "ettr": 0.9, "time_lost_s": 1.0, "mttr_s": 0.0},
         {"step": 2, "critic/score/mean": 0.6, "ettr": 0.875, "time_lost_s": 6.25, "mttr_s": 5.125},
     ]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_run(run, rows)
     html_path = write_report([run])
     assert html_path == run / "report.html"
-    assert (run / "reward.png").read_bytes().startswith(PNG)
-    assert (run / "ettr.png").read_bytes().startswith(PNG)
-    assert (run / "recovery.png").read_bytes().startswith(PNG)
+    for name in ["reward.png", "ettr.png", "recovery.png"]:
+        assert (run / name).read_bytes().startswith(PNG)
     assert not (run / "accuracy.png").exists() and not (run / "timing.png").exists()
     page = html_path.read_text()
     assert "solo" in page and 'src="recovery.png"' in page
+    assert "Config differences" not in page and "solo: no config.yaml" in page and "No events.jsonl" in page
     for number in ["0.875", "6.250", "5.125"]:  # last ETTR, time lost, MTTR in the summary table
         assert number in page
+
+
+def test_malformed_events_and_config_name_the_line(tmp_path):
+    run = tmp_path / "bad"
+    _write_run(run, [{"step": 1}])
+    (run / "events.jsonl").write_text('{"time": 1.0, "kind": "start", "step": 0}\n\n{"time": 2.0, "step": 1}\n')
+    with pytest.raises(InputError, match=re.escape("events.jsonl, line 3: not an event: kind=None")):
+        write_report([run])
+    (run / "events.jsonl").unlink()
+    (run / "config.yaml").write_text("algo:\n  eps_high: 0.28\n   eps_low: [\n")
+    with pytest.raises(InputError, match=re.escape("config.yaml, line 3")):
+        write_report([run])
+    (run / "config.yaml").write_text("- algo\n")
+    with pytest.raises(InputError, match="config.yaml, line 1: expected a mapping"):
+        write_report([run])
 
 
 def test_missing_run_dir_or_metrics(tmp_path):

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 
+from reasonrl.checkpoint.export import training_tokenizer, write_model_dir
 from reasonrl.config import Config
-from reasonrl.data.model import load_model, load_tokenizer
+from reasonrl.data.model import load_model
 from reasonrl.train.logprobs import compute_logprobs
 from reasonrl.train.update import params_finite, update_policy
 from reasonrl.types import RolloutBatch, TrainBatch, WeightsUpdate
@@ -71,7 +72,8 @@ class PolicyWorker:
         self.optimizer = self._new_optimizer()
         self.version = 0
 
-    def export(self, out: str | Path) -> None:
-        """The policy as a Hugging Face model directory, with the tokenizer it was trained with."""
-        self.module.save_pretrained(out)
-        load_tokenizer(self.model_dir).save_pretrained(out)
+    def export(self, out: str | Path) -> Path:
+        """The policy as a Hugging Face model directory, with the tokenizer it was trained with:
+        the same writer and layout as ``reasonrl export`` (:func:`~reasonrl.checkpoint.export.write_model_dir`)."""
+        source = {"base_model": str(self.model_dir), "checkpoint": None, "policy_version": self.version}
+        return write_model_dir(self.module, training_tokenizer(self.cfg, self.model_dir), out, source)

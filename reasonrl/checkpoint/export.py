@@ -1,0 +1,264 @@
+"""A run's trained policy as a Hugging Face model directory (``reasonrl export`` and ``final/``).
+
+    export_model(run_dir, out, step=None)            a run's checkpoint (default: the newest) -> out
+    write_model_dir(module, tokenizer, out, source)  the one writer; PolicyWorker.export (final/) uses it too
+
+Layout of ``out``::
+
+    config.json             the model's config (architecture, dtype: the dtype the policy was trained in)
+    model.safetensors       the trained policy weights (sharded with an index for large models)
+    generation_config.json  eos_token_id and pad_token_id: the ids the trainer stops on and pads with
+    tokenizer.json, tokenizer_config.json
+                            the tokenizer exactly as training used it (pad falls back to EOS, left padding)
+    chat_template.jinja     the source tokenizer's chat template, when it has one (the embedded one has)
+    reasonrl_export.json    what was exported: format, base model, checkpoint, policy version
+
+``out`` is written atomically: everything goes to a hidden ``.<name>.tmp-<pid>-<hex>`` directory
+beside it, which is renamed to ``out`` at the end (a previous export there is replaced only then);
+a failure removes the temporary directory and leaves ``out`` as it was. A non-empty ``out``
+without ``reasonrl_export.json`` is never overwritten.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from reasonrl.checkpoint.store import CheckpointCorruptError, find_latest, list_checkpoints, load_checkpoint
+from reasonrl.config import Config, load
+from reasonrl.data.model import load_model, load_tokenizer
+from reasonrl.data.sft import resolve_model_dir
+from reasonrl.data.tokenizer import CHAT_TEMPLATE
+from reasonrl.errors import InputError, InputNotFound, error_line
+
+MARKER = "reasonrl_export.json"
+FORMAT = "reasonrl-export"
+FORMAT_VERSION = 1
+POLICY = "policy"
+"""The registry name of the policy's weights in a checkpoint (``Controller._registry``)."""
+PROBES = (
+    "47+38=?\n",
+    "7+8=15\n4+3+1=8\nAnswer: 85",
+    "  two  spaces,\ta tab, a trailing space ",
+    "\n\nblank lines\n\n",
+    "0123456789 3.14159 -42",
+    "é, ß, 漢字 and 🙂 outside an ASCII vocabulary",
+)
+"""Texts the exported tokenizer, reloaded with plain AutoTokenizer, must tokenise as training did."""
+
+
+def export_model(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
+    """Write the policy of the run in ``run_dir`` to ``out`` as a Hugging Face model directory.
+
+    ``step=None``: the newest committed, valid checkpoint; a run with no such checkpoint but a
+    ``final/`` (the trainer's export at the end) is re-exported from ``final/``. ``step=N``:
+    ``checkpoints/step_N``, which must be committed and valid. The module's class, config and
+    tokenizer come from the model directory the run started from (``resolve_model_dir`` of the
+    run's ``config.yaml``), the weights from the checkpoint, in the dtype they were trained in
+    (``model.dtype``). InputError names the run directory and what is missing; see
+    :func:`write_model_dir` for what is written and when ``out`` is refused.
+    """
+    run_dir = Path(run_dir)
+    check_target(Path(out))  # before any weights are read
+    cfg = _run_config(run_dir)
+    checkpoint = select_checkpoint(run_dir, step)
+    if checkpoint is None:
+        final = run_dir / "final"
+        module = load_model(final, cfg.model.dtype)
+        source = _previous_source(final)
+        return write_model_dir(module, training_tokenizer(cfg, final), out, {**source, "exported_from": str(final)})
+    weights, version = _policy_weights(run_dir, checkpoint)
+    model_dir = resolve_model_dir(cfg)
+    module = load_model(model_dir, cfg.model.dtype)
+    try:
+        module.load_state_dict(weights)
+    except RuntimeError as err:
+        raise InputError(f"{checkpoint}: the policy weights do not fit the model in {model_dir} (model.path of "
+                         f"{run_dir / 'config.yaml'}): {error_line(err)}") from err
+    source = {"base_model": str(model_dir), "checkpoint": str(checkpoint), "policy_version": version}
+    return write_model_dir(module, training_tokenizer(cfg, model_dir), out, source)
+
+
+def select_checkpoint(run_dir: Path, step: int | None) -> Path | None:
+    """``run_dir/checkpoints/step_<step>``, or the newest valid checkpoint for ``step=None``; None
+    when ``step`` is None, there is no valid checkpoint and ``run_dir/final`` exists. InputError
+    naming the run directory and listing the valid steps otherwise."""
+    root = run_dir / "checkpoints"
+    if step is None:
+        latest = find_latest(root)
+        if latest is not None:
+            return latest
+        if (run_dir / "final" / "config.json").is_file():
+            return None
+        raise InputError(f"{run_dir}: nothing to export: {_available(root)} under {root}, and no final/")
+    path = root / f"step_{step}"
+    if not path.is_dir():
+        raise InputError(f"{run_dir}: no checkpoint for step {step} under {root}; {_available(root)}")
+    return path
+
+
+def _available(root: Path) -> str:
+    """The valid checkpoints under ``root``, in words, for an error message."""
+    valid = [str(info.step) for info in list_checkpoints(root) if info.valid]
+    return f"valid checkpoints: step {', '.join(valid)}" if valid else "no valid checkpoint"
+
+
+def training_tokenizer(cfg: Config, model_dir: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer training used (:func:`~reasonrl.data.model.load_tokenizer` of ``model_dir``),
+    with the embedded chat template added for ``model.path=embedded`` when the saved one has
+    none (warm starts cached before the template existed): it renders the embedded prompt."""
+    tokenizer = load_tokenizer(model_dir)
+    if cfg.model.path == "embedded" and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def write_model_dir(module: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: str | Path,
+                    source: dict[str, Any]) -> Path:
+    """Write ``module`` (its weights in their own dtype) and ``tokenizer`` to ``out`` atomically.
+
+    Adds generation_config.json with the tokenizer's EOS id (what rollouts stop on) and pad id,
+    and ``reasonrl_export.json`` holding ``source`` (what was exported). Checks that plain
+    ``AutoTokenizer.from_pretrained`` of the result tokenises :data:`PROBES` as ``tokenizer``
+    does (InputError naming the class it loads otherwise: the model type picks another tokenizer).
+    InputError when ``out`` is a file or a non-empty directory that is not a previous export.
+    Returns ``out``.
+    """
+    out = Path(out)
+    check_target(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir()
+        module.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        generation_config(module, tokenizer).save_pretrained(tmp)
+        marker = {"format": FORMAT, "format_version": FORMAT_VERSION, **source}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        check_tokenizer_reloads(tmp, tokenizer, out)
+        _fsync_tree(tmp)
+        _replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def check_target(out: Path) -> None:
+    """InputError unless ``out`` is absent, an empty directory or a previous export."""
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise InputError(f"{out}: exists and is not a directory; choose a new directory for the export")
+    entries = sorted(p.name for p in out.iterdir())
+    if entries and not _is_export(out):
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise InputError(f"{out}: holds files that are not a reasonrl export ({shown}; no {MARKER}); refusing to "
+                         "overwrite them: choose an empty or new directory")
+
+
+def generation_config(module: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
+    """The module's generation config (a copy) with the tokenizer's EOS and pad ids: generation
+    stops where the trainer's rollouts stopped."""
+    base = getattr(module, "generation_config", None)
+    config = copy.deepcopy(base) if base is not None else GenerationConfig.from_model_config(module.config)
+    config.eos_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    return config
+
+
+def check_tokenizer_reloads(path: Path, tokenizer: PreTrainedTokenizerBase, out: Path) -> None:
+    """InputError unless ``AutoTokenizer.from_pretrained(path)`` gives ``tokenizer``'s ids on
+    every text of :data:`PROBES` (``out`` is the name the error gives the directory)."""
+    reloaded = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    for text in PROBES:
+        want, got = tokenizer(text)["input_ids"], reloaded(text)["input_ids"]
+        if got != want:
+            model_type = json.loads((path / "config.json").read_text()).get("model_type")
+            raise InputError(
+                f"{out}: AutoTokenizer.from_pretrained loads a {type(reloaded).__name__} for model_type "
+                f"{model_type!r}, which tokenises {text!r} as {got} where training gave {want}; the exported "
+                "directory would not tokenise as the policy was trained (save the tokenizer with the class of "
+                "its model type, or use a model type whose AutoTokenizer keeps a generic tokenizer)")
+
+
+def _run_config(run_dir: Path) -> Config:
+    """The resolved config of the run in ``run_dir``; InputNotFound when it is not a run directory."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise InputNotFound(f"{run_dir}: not a reasonrl run directory (no config.yaml there); give the run.dir of a run")
+    return load(path)
+
+
+def _policy_weights(run_dir: Path, checkpoint: Path) -> tuple[dict[str, torch.Tensor], int | None]:
+    """The policy's weights and version in a committed, valid checkpoint; InputError otherwise."""
+    try:
+        _, tensors, state = load_checkpoint(checkpoint)
+    except (CheckpointCorruptError, OSError) as err:
+        raise InputError(f"{checkpoint}: cannot be exported ({err}); {_available(run_dir / 'checkpoints')}") from err
+    if POLICY not in tensors:
+        raise InputError(f"{checkpoint}: holds no {POLICY!r} weights (parts: {', '.join(sorted(tensors)) or 'none'})")
+    version = state.get(POLICY, {}).get("version")
+    return tensors[POLICY], None if version is None else int(version)
+
+
+def _is_export(path: Path) -> bool:
+    """Whether ``path`` holds a ``reasonrl_export.json`` of this format."""
+    try:
+        return json.loads((path / MARKER).read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _previous_source(path: Path) -> dict[str, Any]:
+    """The ``source`` fields of an earlier export at ``path`` (empty for a directory without one)."""
+    try:
+        marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in marker.items() if k not in ("format", "format_version")} if isinstance(marker, dict) else {}
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` (empty, or a previous export) is moved aside
+    first and deleted after, or put back when the rename fails."""
+    aside = None
+    if os.path.lexists(out):
+        aside = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+        os.rename(out, aside)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        if aside is not None:
+            os.rename(aside, out)
+        raise
+    _fsync_dir(out.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Make every file under ``root``, and the directories holding them, durable."""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(directory))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

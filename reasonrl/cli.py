@@ -1,13 +1,16 @@
-"""Command line: ``reasonrl train | sft | eval | demo | report``.
+"""Command line: ``reasonrl train | config | sft | eval | demo | export | report | drill``.
 
     reasonrl train recipes/dapo.yaml train.total_steps=50 run.dir=runs/dapo
+    reasonrl train dapo --dry-run                check config, data, reward, model, device, context; print the plan
+    reasonrl config [RECIPE] [key=value ...]     the resolved config as YAML; --keys: every key with type, default, help
     reasonrl sft [RECIPE] [key=value ...]        build (or find) the cached warm start
     reasonrl eval RECIPE [key=value ...]         held-out accuracy of model.path (or a run's final/)
     reasonrl demo [key=value ...]                the embedded example end to end, then a report
+    reasonrl export RUN_DIR [--step N] OUT       a run's policy as a Hugging Face model directory
     reasonrl report RUN_DIR [RUN_DIR ...]        PNG plots and report.html comparing runs
     reasonrl drill [--steps N] [key=value ...]   one fault of each kind on the demo: detection, recovery, ETTR
 
-Exit codes: 0 done; 1 a failure the supervisor could not recover from; 2 bad usage or input, or
+Exit codes: 0 done (also a complete run started again); 1 a failure the supervisor could not recover from; 2 bad usage or input, or
 another error that a restart would meet again (one line on stderr, no restart); 128 + N after
 signal N (130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP), with a checkpoint written.
 """
@@ -16,44 +19,74 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
+import textwrap
 from pathlib import Path
 
-from reasonrl.config import load
-from reasonrl.errors import EXIT_FATAL, FatalError
+from reasonrl import __version__
+from reasonrl.config import dump_text, keys_help, load
+from reasonrl.errors import EXIT_FATAL, FatalError, InputError, error_line
+from reasonrl.preflight import preflight, same_run
+from reasonrl.resilience.rundir import SUPERVISOR_ENV
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES = Path(__file__).resolve().parent / "recipes"  # shipped in the package (reasonrl/recipes/*.yaml)
 
 
 def _recipe(name: str | None) -> Path | None:
-    """A recipe path; a bare name like 'dapo' means recipes/dapo.yaml."""
+    """A recipe path: a file at ``name``, else for a bare name like 'dapo' (or 'dapo.yaml') the
+    packaged reasonrl/recipes/dapo.yaml, from any working directory; neither is a ConfigError
+    that lists the recipe names."""
     if name is None:
         return None
     path = Path(name)
-    if not path.exists() and (RECIPES / f"{name}.yaml").exists():
-        return RECIPES / f"{name}.yaml"
-    return path
+    packaged = RECIPES / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if path.is_file():
+        return path
+    if path.name == name and packaged.is_file():  # a bare name, not a path
+        return packaged
+    if path.exists():
+        return path  # a directory: load() says it cannot read it
+    from reasonrl.config import ConfigError
+
+    names = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
+    raise ConfigError(f"{name}: no such recipe file, and no packaged recipe of that name (recipes: {names})")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Train; by default in a supervised child process that is restarted after failures."""
+    """Check the run (:mod:`reasonrl.preflight`), then train; by default in a supervised child
+    process that is restarted after failures. ``--dry-run``: only the checks and the plan."""
     recipe = _recipe(args.recipe)
     cfg = load(recipe, args.overrides)
-    if args.no_supervisor or not cfg.resilience.supervise:
-        from reasonrl.controller import Controller
-        from reasonrl.resilience.rundir import follow_supervisor
-
-        follow_supervisor()
-        controller = Controller(cfg)
-        last = controller.run()
-        if controller.stopped_by is not None:
-            return 128 + controller.stopped_by
-        print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith("val/")}))
+    if SUPERVISOR_ENV in os.environ:  # a trainer its supervisor started, after these checks
+        return _train_here(cfg)
+    plan = preflight(cfg)
+    if args.dry_run:
+        print(plan.describe())
         return 0
+    if plan.state.kind == "complete" and same_run(cfg):
+        print(complete_summary(cfg))
+        return 0
+    if args.no_supervisor or not cfg.resilience.supervise:
+        return _train_here(cfg)
     from reasonrl.resilience.supervisor import train_supervised
 
     return train_supervised(cfg, [sys.executable, "-m", "reasonrl.cli", "train", "--no-supervisor", str(recipe), *args.overrides])
+
+
+def _train_here(cfg) -> int:
+    """Train in this process (following the supervisor, when there is one)."""
+    from reasonrl.controller import Controller
+    from reasonrl.resilience.rundir import follow_supervisor
+
+    follow_supervisor()
+    controller = Controller(cfg)
+    last = controller.run()
+    if controller.stopped_by is not None:
+        return 128 + controller.stopped_by
+    print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith("val/")}))
+    return 0
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -75,14 +108,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from reasonrl.controller import Controller
+    """The DAPO recipe on the embedded task, then the report; a second call finds the run
+    complete and only prints its results."""
     from reasonrl.report import write_report
 
     cfg = load(RECIPES / "dapo.yaml", ["run.dir=runs/demo", *args.overrides])
-    controller = Controller(cfg)
-    controller.run()
-    if controller.stopped_by is not None:
-        return 128 + controller.stopped_by
+    plan = preflight(cfg)
+    if plan.state.kind == "complete" and same_run(cfg):
+        print(complete_summary(cfg))
+    else:
+        from reasonrl.controller import Controller
+
+        controller = Controller(cfg)
+        controller.run()
+        if controller.stopped_by is not None:
+            return 128 + controller.stopped_by
     from reasonrl.metrics import read_jsonl
 
     rows = [r for r in read_jsonl(Path(cfg.run.dir) / "metrics.jsonl") if "val/acc" in r]
@@ -94,6 +134,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"report: {report}")
     print(f"trained policy: {Path(cfg.run.dir) / 'final'}")
     return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print the resolved config as YAML, or with ``--keys`` every key with type, default and help."""
+    cfg = load(_recipe(args.recipe), args.overrides)
+    if not args.keys:
+        print(dump_text(cfg), end="")
+        return 0
+    for k in keys_help(cfg):
+        differs = f"; here: {json.dumps(k.value)}" if k.value != k.default else ""
+        print(f"{k.key}  ({k.type}, default {json.dumps(k.default)}{differs})")
+        print(textwrap.indent(k.help, "    "))
+    return 0
+
+
+def complete_summary(cfg) -> str:
+    """What a finished run reports when it is started again: that it is complete, its last
+    held-out metrics and its ETTR figures."""
+    from reasonrl.metrics import read_jsonl
+    from reasonrl.resilience.supervisor import summarize_run
+
+    run_dir = Path(cfg.run.dir)
+    rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    val = next(({k: round(v, 4) for k, v in r.items() if k.startswith("val/")} for r in reversed(rows) if "val/acc" in r), {})
+    figures = summarize_run(run_dir)
+    summary = {"step": cfg.train.total_steps, **val, **{k: figures[k] for k in ("ettr", "time_lost_s", "incidents")}}
+    return (f"{run_dir}: the run is already complete ({cfg.train.total_steps} steps; raise train.total_steps to go on)\n"
+            + json.dumps(summary))
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
@@ -110,6 +178,17 @@ def cmd_drill(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """A run's policy (the newest checkpoint, or --step N) as a Hugging Face model directory."""
+    from reasonrl.checkpoint.export import export_model
+
+    try:
+        print(export_model(args.run_dir, args.out, args.step))
+    except OSError as err:  # a full or read-only disk: nothing was left half-written
+        raise InputError(f"{args.out}: the export could not be written ({error_line(err)})") from err
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from reasonrl.report import write_report
 
@@ -119,14 +198,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"reasonrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, fn, needs_recipe in (("train", cmd_train, True), ("sft", cmd_sft, False), ("eval", cmd_eval, True)):
-        p = sub.add_parser(name)
-        p.add_argument("recipe", nargs=None if needs_recipe else "?", help="recipe YAML or a name in recipes/ (dapo, grpo, ...)")
+    keys = "dotted key=value overrides; `reasonrl config RECIPE --keys` lists every key with its help"
+    for name, fn, needs_recipe in (("train", cmd_train, True), ("sft", cmd_sft, False), ("eval", cmd_eval, True),
+                                   ("config", cmd_config, False)):
+        p = sub.add_parser(name, epilog=keys)
+        p.add_argument("recipe", nargs=None if needs_recipe else "?", help="recipe YAML or a packaged recipe name (dapo, grpo, ...)")
         p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
         p.set_defaults(fn=fn)
         if name == "train":
             p.add_argument("--no-supervisor", action="store_true", help="train in this process (no restarts after failures)")
+            p.add_argument("--dry-run", action="store_true",
+                           help="check config, data, reward function, model directory, device and context length, "
+                                "print what would run, and exit (nothing is loaded or written)")
+        if name == "config":
+            p.add_argument("--keys", action="store_true", help="list every key with its type, default and help")
     p = sub.add_parser("demo")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_demo)
@@ -135,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default="runs/drill")
     p.add_argument("--steps", type=int, default=80)
     p.set_defaults(fn=cmd_drill)
+    p = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory")
+    p.add_argument("run_dir", help="the run directory (run.dir)")
+    p.add_argument("out", help="the directory to write (new, empty, or a previous export)")
+    p.add_argument("--step", type=int, default=None, help="export checkpoints/step_N (default: the newest valid checkpoint)")
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("report")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None)
@@ -147,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if rest:
         setattr(args, positional, [*getattr(args, positional), *rest])
-    if args.command == "sft" and args.recipe and "=" in args.recipe:
+    if args.command in ("sft", "config") and args.recipe and "=" in args.recipe:
         args.overrides, args.recipe = [args.recipe, *args.overrides], None
     try:
         return args.fn(args)
@@ -157,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"reasonrl {args.command}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    except BrokenPipeError:  # `reasonrl config --keys | head`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

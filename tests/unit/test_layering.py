@@ -1,7 +1,7 @@
 """The package's layering: a module imports only from its own layer or the layers before it.
 
-    types, config, errors <- algo <- decoder, data, rollout, reward, train, checkpoint, metrics
-    <- workers <- runtime <- resilience, evaluation, report <- controller <- cli
+    types, config, errors <- algo <- decoder, data, rollout, reward, train, checkpoint, metrics, loggers
+    <- workers <- runtime <- resilience, evaluation, report <- controller, preflight <- cli
 
 Every import counts, also one inside a function (a lazy import still ties the layers).
 """
@@ -16,13 +16,13 @@ import reasonrl
 PACKAGE = Path(reasonrl.__file__).parent
 
 LAYERS: list[set[str]] = [
-    {"types", "config", "errors"},
+    {"types", "config", "errors", "__version__"},  # __version__: the package root's, read by the CLI
     {"algo"},
-    {"decoder", "data", "rollout", "reward", "train", "checkpoint", "metrics"},
+    {"decoder", "data", "rollout", "reward", "train", "checkpoint", "metrics", "loggers"},
     {"workers"},
     {"runtime"},
     {"resilience", "evaluation", "report"},
-    {"controller"},
+    {"controller", "preflight"},
     {"cli"},
 ]
 

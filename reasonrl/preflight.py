@@ -1,0 +1,197 @@
+"""The checks a run passes before anything heavy starts, and what it would run.
+
+    plan = preflight(cfg)       # InputError / RunDirError naming the key, file or row at fault
+    print(plan.describe())      # what ``reasonrl train --dry-run`` prints
+
+``reasonrl train`` runs these checks first, so a bad data path, reward name or model directory
+fails in a second, never after a model has loaded or a warm start has trained; ``--dry-run``
+runs only them. In order:
+
+1. the run directory: usable (nothing is created), and what it holds: nothing yet, a run to
+   resume from its newest valid checkpoint, or a complete run;
+2. the prompt files exist (checked before torch is imported), then parse into the splits;
+3. the reward function resolves (``reward.fn``);
+4. the model: ``model.path`` is a Hugging Face model directory with a tokenizer, or the
+   embedded warm start (cached, or trained first);
+5. ``run.device`` is usable with this torch build;
+6. the context: the longest prompt (in tokens, chat template applied) plus
+   ``rollout.max_new_tokens`` fits the model's ``max_position_embeddings``.
+
+Nothing here loads weights or writes to the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from reasonrl.config import Config, config_hash, load
+from reasonrl.errors import InputError, InputNotFound, RunDirError
+
+EMBEDDED_CONTEXT = 256
+"""max_position_embeddings of the embedded model (reasonrl.data.model.build_tiny_model)."""
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What the run directory holds."""
+
+    kind: str
+    """'new' (nothing to resume), 'resume' (a checkpoint below train.total_steps) or 'complete'."""
+    step: int = 0
+    """The step of the newest valid checkpoint (0 when new)."""
+    checkpoint: Path | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``reasonrl train`` would run, from the checks of :func:`preflight`."""
+
+    cfg: Config
+    state: RunState
+    train_prompts: int
+    test_prompts: int
+    model: str
+    """The model directory, or how the embedded warm start will be found."""
+    longest_prompt: int
+    """Tokens of the longest training or held-out prompt."""
+    context: int
+    """The model's max_position_embeddings."""
+
+    def describe(self) -> str:
+        """A few lines for the console."""
+        c = self.cfg
+        a, r, t = c.algo, c.rollout, c.train
+        run = {"new": "a new run", "resume": f"resume from step {self.state.step} ({self.state.checkpoint})",
+               "complete": f"already complete at step {self.state.step}: nothing to train"}[self.state.kind]
+        lines = [
+            f"run.dir      {c.run.dir}: {run}",
+            f"algorithm    {a.adv_estimator}, loss {a.loss_agg}, clip [{a.eps_low}, {a.eps_high}]"
+            + (", dynamic sampling" if a.dynamic_sampling else "")
+            + (f", KL {a.kl_loss_coef} ({a.kl_kind})" if a.kl_loss_coef else ""),
+            f"steps        {t.total_steps} x {t.prompts_per_step} prompts x {r.n} samples, lr {t.lr}, "
+            f"rollout {r.mode} on {r.backend}",
+            f"data         {c.data.source}: {self.train_prompts} training prompts, {self.test_prompts} held out"
+            + (f" ({c.data.test_source})" if c.data.test_source else ""),
+            f"reward       {c.reward.fn}",
+            f"model        {self.model} on {c.run.device} ({c.model.dtype})",
+            f"context      longest prompt {self.longest_prompt} + rollout.max_new_tokens {r.max_new_tokens} "
+            f"<= {self.context} tokens",
+        ]
+        return "\n".join(lines)
+
+
+def preflight(cfg: Config) -> Plan:
+    """Check ``cfg`` in the order of the module docstring; the Plan of what would run."""
+    state = run_state(cfg)
+    check_data_files(cfg)
+    from reasonrl.data.splits import load_splits
+
+    train, test = load_splits(cfg)
+    from reasonrl.reward import load_reward_fn
+
+    load_reward_fn(cfg.reward.fn)
+    model_dir, model = _model_dir(cfg)
+    from reasonrl.data.model import check_device
+
+    check_device(cfg.run.device)
+    tokenizer, context = _tokenizer_and_context(model_dir)
+    longest = _longest_prompt(cfg, tokenizer, train, test)
+    if longest + cfg.rollout.max_new_tokens > context:
+        raise InputError(
+            f"rollout.max_new_tokens = {cfg.rollout.max_new_tokens}: the longest prompt has {longest} tokens, and "
+            f"{longest} + {cfg.rollout.max_new_tokens} exceeds the model's context of {context} tokens "
+            f"(max_position_embeddings of {model}); lower rollout.max_new_tokens or data.max_prompt_len")
+    return Plan(cfg, state, len(train), len(test), model, longest, context)
+
+
+def run_state(cfg: Config) -> RunState:
+    """What ``run.dir`` holds (RunDirError when it cannot hold this run); creates nothing."""
+    run_dir = Path(cfg.run.dir)
+    if not run_dir.exists():
+        _check_creatable(run_dir)
+        return RunState("new")
+    from reasonrl.resilience.rundir import check_run_dir
+
+    check_run_dir(run_dir)
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return RunState("new")
+    from reasonrl.checkpoint.store import find_latest
+
+    path = find_latest(root)
+    if path is None:
+        return RunState("new")
+    step = int(path.name.removeprefix("step_"))
+    return RunState("complete" if step >= cfg.train.total_steps else "resume", step, path)
+
+
+def same_run(cfg: Config) -> bool:
+    """Whether ``run.dir/config.yaml`` is a config that ``cfg`` may resume (equal hashes)."""
+    path = Path(cfg.run.dir) / "config.yaml"
+    return path.is_file() and config_hash(load(path)) == config_hash(cfg)
+
+
+def check_data_files(cfg: Config) -> None:
+    """InputNotFound naming the key when data.source or data.test_source is not a file
+    (before any heavy import: a mistyped path fails at once)."""
+    for key, value in (("data.source", cfg.data.source), ("data.test_source", cfg.data.test_source)):
+        if value and value != "embedded" and not Path(value).is_file():
+            where = "is a directory, not a prompt file" if Path(value).is_dir() else "no such file"
+            raise InputNotFound(f"{key} = {value!r}: {where} (expected a .jsonl or .parquet prompt file"
+                                f"{', or embedded' if key == 'data.source' else ''})")
+
+
+def _check_creatable(run_dir: Path) -> None:
+    """RunDirError unless the nearest existing ancestor of ``run_dir`` is a writable directory."""
+    parent = run_dir.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    where = f"run.dir = {str(run_dir)!r}"
+    if not parent.is_dir():
+        raise RunDirError(f"{where}: {parent} is a file, so the directory cannot be created")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunDirError(f"{where}: cannot create the directory ({parent} is not writable by this user)")
+
+
+def _model_dir(cfg: Config) -> tuple[Path | None, str]:
+    """(the model directory, None for an embedded warm start not trained yet; its description)."""
+    if cfg.model.path != "embedded":
+        from reasonrl.data.model import check_model_files
+
+        check_model_files(cfg.model.path)
+        return Path(cfg.model.path), cfg.model.path
+    from reasonrl.data.sft import warm_start_dir
+
+    out = warm_start_dir(cfg.sft, cfg.data.families)
+    if (out / "sft_summary.json").is_file():
+        return out, f"embedded warm start {out}"
+    return None, f"embedded (its warm start is not cached yet: it is trained first, a few minutes, into {out})"
+
+
+def _tokenizer_and_context(model_dir: Path | None):
+    """(tokenizer, max_position_embeddings) of the model directory, or of the embedded model."""
+    if model_dir is None:
+        from reasonrl.data.tokenizer import build_char_tokenizer
+
+        return build_char_tokenizer(), EMBEDDED_CONTEXT
+    from reasonrl.data.model import load_tokenizer
+
+    config = model_dir / "config.json"
+    try:
+        context = json.loads(config.read_text(encoding="utf-8"))["max_position_embeddings"]
+    except (ValueError, KeyError) as err:
+        raise InputError(f"model.path: {config} has no readable max_position_embeddings ({err})") from None
+    return load_tokenizer(model_dir), int(context)
+
+
+def _longest_prompt(cfg: Config, tokenizer, train: list, test: list) -> int:
+    """Tokens of the longest prompt; a prompt over data.max_prompt_len is an InputError naming it."""
+    from reasonrl.data.splits import tokenize_prompts
+
+    limit = cfg.data.max_prompt_len
+    ids = tokenize_prompts(train, tokenizer, limit, cfg.data.source)
+    ids += tokenize_prompts(test, tokenizer, limit, cfg.data.test_source or cfg.data.source)
+    return max(map(len, ids))

@@ -1,0 +1,130 @@
+"""The command line a new user explores: config listing, dry runs, versions, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reasonrl.cli import RECIPES, main
+from reasonrl.config import Config, keys_help, load
+from tests.conftest import tiny_run
+
+
+def _main(capsys, *args):
+    """``reasonrl ARGS`` in this process: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_config_keys_lists_every_key_with_type_default_help_and_the_recipe_value(capsys):
+    code, out, _ = _main(capsys, "config", "dapo", "--keys")
+    assert code == 0
+    listed = {line.split("  (")[0]: line for line in out.splitlines() if not line.startswith(" ")}
+    assert set(listed) == {k.key for k in keys_help()}
+    assert listed["algo.eps_high"] == "algo.eps_high  (float, default 0.2; here: 0.28)"
+    assert listed["rollout.backend"].startswith("rollout.backend  (hf | fast | vllm, default \"fast\"")
+    help_lines = out.split("algo.eps_high  (")[1].splitlines()[1]
+    assert help_lines.strip() == "Upper clip range (clip-higher when > eps_low)."
+
+
+def test_config_prints_the_resolved_config_as_yaml_that_loads_back(capsys, tmp_path):
+    code, out, _ = _main(capsys, "config", "dapo", "algo.eps_high=0.3", "train.total_steps=7")
+    assert code == 0
+    tree = yaml.safe_load(out)
+    assert tree["algo"]["eps_high"] == 0.3 and tree["train"]["total_steps"] == 7
+    (tmp_path / "resolved.yaml").write_text(out)
+    assert load(tmp_path / "resolved.yaml") == load(RECIPES / "dapo.yaml", ["algo.eps_high=0.3", "train.total_steps=7"])
+    code, out, _ = _main(capsys, "config", "train.lr=3e-4")  # no recipe: the defaults
+    assert code == 0 and yaml.safe_load(out)["train"]["lr"] == 3e-4
+    assert load(None) == Config()
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"reasonrl {version('reasonrl')}"
+
+
+def test_a_dry_run_with_a_bad_data_path_fails_at_once_without_loading_a_model(tmp_path):
+    """In a fresh interpreter: exit 2 naming the path, in a fraction of the 5 s the user may
+    wait, and neither transformers nor any model weights were loaded."""
+    script = ("import sys; from reasonrl.cli import main; code = main(sys.argv[1:]); "
+              "print(code, 'transformers' in sys.modules, 'torch' in sys.modules)")
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", script, "train", "dapo", "--dry-run", "data.source=/nonexistent/train.parquet",
+                           f"run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    elapsed = time.perf_counter() - began
+    assert proc.stdout.split() == ["2", "False", "False"], proc.stdout + proc.stderr
+    assert "data.source = '/nonexistent/train.parquet': no such file" in proc.stderr
+    assert elapsed < 5, f"a bad data path took {elapsed:.1f} s to report"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_dry_run_checks_everything_prints_the_plan_and_writes_nothing(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    code, out, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2))
+    assert code == 0, err
+    assert f"run.dir      {run}: a new run" in out
+    assert "data         embedded: 64 training prompts, 16 held out" in out
+    assert f"model        {model_dir} on cpu" in out
+    assert not run.exists()
+    code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), "reward.fn=nowhere:score")
+    assert code == 2 and "reward function 'nowhere:score'" in err
+    code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), f"model.path={tmp_path}")
+    assert code == 2 and "not a Hugging Face model directory" in err
+    code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), "run.device=cuda:7")
+    assert code == 2 and "run.device" in err
+    # The tiny model holds 256 positions: its 8-token prompts and 250 new tokens do not fit.
+    code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), "rollout.max_new_tokens=250")
+    assert code == 2 and "rollout.max_new_tokens = 250" in err and "context of 256 tokens" in err
+    assert not run.exists()
+
+
+def test_a_normal_train_runs_the_same_checks_before_loading_anything(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = _main(capsys, "train", "grpo", "--no-supervisor", *tiny_run(model_dir, run, 2), "rollout.max_new_tokens=250")
+    assert code == 2 and "context of 256 tokens" in err
+    assert not run.exists()
+
+
+@pytest.mark.slow
+def test_a_complete_run_started_again_says_so_prints_its_summary_and_exits_0(capsys, model_dir, tmp_path, monkeypatch):
+    """Also through ``reasonrl demo`` (the DAPO recipe), whose second call in a row exits 0."""
+    monkeypatch.chdir(tmp_path)  # the demo's report goes under the working directory
+    run = tmp_path / "run"
+    overrides = [*tiny_run(model_dir, run, 2), "eval.every_steps=2", "algo.overlong_buffer=0"]
+    code, _, err = _main(capsys, "train", "dapo", "--no-supervisor", *overrides)
+    assert code == 0, err
+    final = (run / "final" / "model.safetensors").stat().st_mtime_ns
+    code, out, _ = _main(capsys, "train", "dapo", *overrides)
+    assert code == 0
+    said, summary = out.strip().splitlines()
+    assert said == f"{run}: the run is already complete (2 steps; raise train.total_steps to go on)"
+    summary = json.loads(summary)
+    assert summary["step"] == 2 and 0 <= summary["val/acc"] <= 1 and summary["ettr"] == 1.0
+    code, out, err = _main(capsys, "demo", *overrides)
+    assert code == 0, err
+    assert "the run is already complete" in out and "held-out accuracy" in out and "report:" in out
+    assert (run / "final" / "model.safetensors").stat().st_mtime_ns == final  # nothing was redone
+    code, _, err = _main(capsys, "train", "dapo", "--no-supervisor", *overrides, "algo.eps_high=0.3")
+    assert code == 2 and "different configuration" in err
+    code, out, err = _main(capsys, "export", str(run), str(tmp_path / "hf"), "--step", "2")
+    assert code == 0 and out.strip() == str(tmp_path / "hf") and (tmp_path / "hf" / "model.safetensors").is_file(), err
+    code, _, err = _main(capsys, "export", str(run), str(tmp_path / "hf"), "--step", "5")
+    assert code == 2 and "no checkpoint for step 5" in err and "valid checkpoints: step 2" in err
+
+
+def test_the_console_script_reports_usage_errors_with_exit_2(tmp_path):
+    proc = subprocess.run([Path(sys.executable).parent / "reasonrl", "train", "dapo", "algo.nope=1", f"run.dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 2 and "algo.nope" in proc.stderr and "Traceback" not in proc.stderr

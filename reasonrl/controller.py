@@ -35,7 +35,8 @@ from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.splits import load_splits, tokenize_prompts
 from reasonrl.errors import InputError, LimitError, ResumeError
 from reasonrl.evaluation import Evaluator
-from reasonrl.metrics import EventLog, MetricsSink, StepLog, read_jsonl, timed
+from reasonrl.loggers import check_loggers, open_loggers
+from reasonrl.metrics import EventLog, MetricsSink, Sample, StepLog, logging_step, read_jsonl, timed
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.faults import parse_faults
 from reasonrl.resilience.guards import NonFiniteGuard, StageWatchdog, run_detectors
@@ -44,7 +45,7 @@ from reasonrl.resilience.rundir import RunLock, check_run_dir
 from reasonrl.resilience.shards import ShardedRollouts
 from reasonrl.rollout.source import AsyncSource, RolloutProducer, SyncSource
 from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout, setup_torch
-from reasonrl.types import Prompt, TrainBatch
+from reasonrl.types import Prompt, ScoredBatch, TrainBatch
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker, trainer_numerics
 
 GROUP_ESTIMATORS = {"grpo": algo.grpo, "dr_grpo": algo.dr_grpo, "lite_ppo": algo.lite_ppo, "rloo": algo.rloo}
@@ -96,6 +97,7 @@ class Controller:
     def __init__(self, cfg: Config, log=print) -> None:
         self.cfg = cfg
         self.log = log
+        check_loggers(cfg.run.loggers)
         self.run_dir = Path(cfg.run.dir)
         check_run_dir(self.run_dir)
         self.lock = RunLock(self.run_dir, "trainer").acquire()
@@ -110,12 +112,12 @@ class Controller:
         torch.manual_seed(cfg.run.seed)
         self.events = EventLog(self.run_dir)
         self.model_dir = resolve_model_dir(cfg, log)
-        tokenizer = load_tokenizer(self.model_dir)
-        self.pad_id = tokenizer.pad_token_id
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.pad_id = self.tokenizer.pad_token_id
         train, test = load_splits(cfg)
         limit = cfg.data.max_prompt_len
-        train_ids = tokenize_prompts(train, tokenizer, limit, cfg.data.source)
-        test_ids = tokenize_prompts(test, tokenizer, limit, cfg.data.test_source or cfg.data.source)
+        train_ids = tokenize_prompts(train, self.tokenizer, limit, cfg.data.source)
+        test_ids = tokenize_prompts(test, self.tokenizer, limit, cfg.data.test_source or cfg.data.source)
         self.fingerprint = data_fingerprint(train)
         self.step_count = 0
         self.version = 0
@@ -143,6 +145,8 @@ class Controller:
         self.watchdog = self.heartbeat = None
         self.last_record: dict[str, list] = {}
         """The prompt record of the last step (``prompts.jsonl``): draws made, trained, stale."""
+        self.last_samples: list[Sample] = []
+        """Decoded samples of the last step for the loggers (on logging steps only, else none)."""
 
         policy = PolicyWorker(cfg, self.model_dir)
         self.policy = LocalGroup([FaultyPolicy(policy, self.faults, clock) if "nan" in kinds else policy])
@@ -262,12 +266,22 @@ class Controller:
             with self.stage(t, "publish"):
                 self.publish()
         metrics.update(t)
+        metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / t["timing_s/step"]
+        self.last_samples = self.samples(step, scored)
         if self.shards is not None:
             metrics.update(self.shards.shares)
         # Time per trained token: skipped rows (train.skip_zero_advantage) cost nothing.
         self.slow.update("update_actor", 0, step, t["timing_s/update_actor"], work=actor_metrics["trained_tokens"] or 1.0)
         self.step_count = step
         return metrics
+
+    def samples(self, step: int, scored: ScoredBatch) -> list[Sample]:
+        """Up to run.log_samples decoded samples of the batch on a logging step (every
+        run.log_every steps), none on other steps."""
+        r = self.cfg.run
+        if not (r.log_samples and logging_step(step, r.log_every)):
+            return []
+        return decode_samples(scored, self.tokenizer, r.log_samples)
 
     def publish(self) -> None:
         """Hand the policy's current weights to the rollout side; they are the version the next
@@ -355,13 +369,14 @@ class Controller:
         cfg = self.cfg
         try:
             resumed = self.resume()
+            dump(cfg, self.run_dir / "config.yaml")  # only now: a refused resume writes nothing
+            self._emit_resume(resumed)
+            self.publish()  # the rollout side starts from the trainer's weights
+            sink = MetricsSink(self.run_dir, cfg.train.total_steps, progress=cfg.run.progress,
+                               log_every=cfg.run.log_every, loggers=open_loggers(cfg, self.run_dir))
         except BaseException:
             self.close()
             raise
-        dump(cfg, self.run_dir / "config.yaml")  # only now: a refused resume writes nothing
-        self._emit_resume(resumed)
-        self.publish()  # the rollout side starts from the trainer's weights
-        sink = MetricsSink(self.run_dir, cfg.train.total_steps, progress=cfg.run.progress)
         prompts = StepLog(self.run_dir / "prompts.jsonl")
         # Rows past the checkpoint will be written again (all of them, the step-0 validation
         # included, when there is no checkpoint).
@@ -388,6 +403,8 @@ class Controller:
                 metrics["time"] = time.time() - start
                 metrics.update(self.effective_time(step_s))
                 sink.log(self.step_count, metrics)
+                if self.last_samples:
+                    sink.log_samples(self.step_count, self.last_samples)
                 prompts.log(self.step_count, self.last_record)
                 last.update(metrics)
                 if self.checkpoint_due(last_checkpoint) or stop.signum:
@@ -513,7 +530,8 @@ class Controller:
             raise ResumeError(
                 f"{self.run_dir}: the checkpoint was written with a different configuration "
                 f"(hash {state['config_hash'][:12]} vs {config_hash(self.cfg)[:12]}); only run.dir, run.progress, run.threads, "
-                "train.total_steps, eval.every_steps, checkpoint.*, resume.* and resilience.* may change on resume. Use a new run.dir."
+                "run.log_*, run.loggers, run.wandb_*, train.total_steps, eval.every_steps, checkpoint.*, resume.* and resilience.* "
+                "may change on resume. Use a new run.dir."
             )
         if "data_fingerprint" not in state or "updates_applied" not in state:
             raise ResumeError(f"{self.run_dir}: the checkpoint was written by an older reasonrl (no data fingerprint); "
@@ -554,11 +572,39 @@ def batch_metrics(batch: TrainBatch) -> dict[str, float]:
         "response_length/clip_ratio": r.truncated.float().mean().item(),
         "train/acc": s.acc.float().mean().item(),
         "train/reward_failed": s.failed.float().sum().item(),
+        "perf/total_num_tokens": int(r.prompt_mask.sum().item() + r.response_mask.sum().item()),
     }
     if batch.returns is not None:
         out["critic/returns/mean"] = batch.returns[valid].mean().item()
         out["critic/values/mean"] = batch.values[valid].mean().item()
     return out
+
+
+def spread_rows(group_ids: list[int], limit: int) -> list[int]:
+    """Up to ``limit`` row indices, the first sample of every group before any group's second
+    (distinct prompts first), in batch order within each round."""
+    seen: dict[int, int] = defaultdict(int)
+    ranked = []
+    for row, group in enumerate(group_ids):
+        ranked.append((seen[group], row))
+        seen[group] += 1
+    return [row for _, row in sorted(ranked)[:limit]]
+
+
+def decode_samples(scored: ScoredBatch, tokenizer, limit: int) -> list[Sample]:
+    """Up to ``limit`` samples of the batch as text (rows from :func:`spread_rows`): the prompt
+    decoded as the model saw it (chat template applied, special tokens dropped), the response
+    as the reward function graded it, its score and correctness."""
+    r = scored.rollout
+    return [
+        Sample(
+            prompt=tokenizer.decode(r.prompt_ids[row][r.prompt_mask[row].bool()].tolist(), skip_special_tokens=True),
+            response=scored.texts[row],
+            score=float(scored.scores[row]),
+            acc=bool(scored.acc[row]),
+        )
+        for row in spread_rows(r.group_ids.tolist(), limit)
+    ]
 
 
 class _StopFlag:

@@ -1,11 +1,15 @@
-"""Run-directory logging: the ``metrics.jsonl`` sink, TensorBoard, a progress bar, events.
+"""Run-directory logging: the ``metrics.jsonl`` sink with its loggers, a progress bar and a
+console line, and events.
 
-    with MetricsSink(run_dir, total_steps=100) as sink:
+    with MetricsSink(run_dir, total_steps=100, log_every=10, loggers=open_loggers(cfg, run_dir)) as sink:
         sink.truncate_after(resumed_step)          # when resuming from a checkpoint
         timings = {}
         with timed(timings, "gen"):
             ...
         sink.log(step, {"critic/score/mean": 0.4, **timings})
+        sink.log_samples(step, [Sample(prompt, response, score, acc)])
+
+The loggers (TensorBoard, W&B) are :class:`Logger` backends in :mod:`reasonrl.loggers`.
 
 Each line of ``metrics.jsonl`` and ``events.jsonl`` is one JSON object with sorted keys.
 Non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so every
@@ -23,8 +27,9 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol, Sequence
 
 from tqdm import tqdm
 
@@ -172,13 +177,73 @@ class StepLog:
         self._file.close()
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One generated sample for the loggers: prompt and response as text, reward, correctness."""
+
+    prompt: str
+    response: str
+    score: float
+    acc: bool
+
+
+class Logger(Protocol):
+    """A backend the sink sends each row to (:mod:`reasonrl.loggers`: TensorBoard, W&B)."""
+
+    def rewind(self, step: int, last_logged: int) -> None:
+        """The steps after ``step`` will be logged again; ``last_logged`` is the last step
+        logged before (-1: none)."""
+
+    def log_metrics(self, step: int, values: dict[str, int | float]) -> None:
+        """The metrics of one step."""
+
+    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
+        """Generated samples of one step."""
+
+    def close(self) -> None:
+        """Flush and release the backend."""
+
+
+def logging_step(step: int, every: int) -> bool:
+    """Whether ``step`` gets the console line and samples: every ``every`` steps (0: never)."""
+    return every > 0 and step > 0 and step % every == 0
+
+
+CONSOLE_FIELDS = (
+    ("reward", "critic/score/mean"),
+    ("acc", "train/acc"),
+    ("val", "val/acc"),
+    ("pg_loss", "actor/pg_loss"),
+    ("grad_norm", "actor/grad_norm"),
+    ("kl", "actor/ppo_kl"),
+    ("len", "response_length/mean"),
+    ("tok/s", "perf/throughput"),
+)
+"""(label, metric) of the console line, in order."""
+
+
+def _short(value: int | float) -> str:
+    if isinstance(value, int) or not math.isfinite(value):
+        return str(value)
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def console_line(step: int, total_steps: int, values: dict[str, int | float]) -> str:
+    """``step 10/150 reward=0.4125 acc=0.375 ...``: the main metrics of a step (those present)."""
+    shown = [f"{label}={_short(values[key])}" for label, key in CONSOLE_FIELDS if values.get(key) is not None]
+    return " ".join([f"step {step}/{total_steps}", *shown])
+
+
 class MetricsSink:
-    """Writes one row per step to ``metrics.jsonl``, TensorBoard and a progress bar.
+    """Writes one row per step to ``metrics.jsonl``, the loggers and a progress bar, and every
+    ``log_every`` steps a console line of the main metrics (beside the bar, or on stderr).
 
     ``step`` is the number of completed training steps (the first step logs 1). Opening a
     run directory whose ``metrics.jsonl`` ends in a partial line (a kill mid-write) drops
     that line. On resume call ``truncate_after(step)`` with the checkpoint's step so rows
-    from steps that will be redone disappear from the file and from TensorBoard.
+    from steps that will be redone disappear from the file and the loggers are told
+    (TensorBoard purges them, W&B skips them: :mod:`reasonrl.loggers`). The sink closes the
+    loggers it is given.
     """
 
     def __init__(
@@ -186,51 +251,56 @@ class MetricsSink:
         run_dir: str | Path,
         total_steps: int,
         progress: bool = True,
-        tensorboard: bool = True,
+        log_every: int = 0,
+        loggers: Sequence[Logger] = (),
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rows = StepLog(self.run_dir / "metrics.jsonl")
         self.path = self.rows.path
-        self._tensorboard = tensorboard
-        self._writer = None
-        self._purge_step: int | None = None
+        self.total_steps = total_steps
+        self.log_every = log_every
+        self.loggers = list(loggers)
         self._latest_val: float | None = None
         self._bar = tqdm(total=total_steps, file=sys.stderr, unit="step", dynamic_ncols=True) if progress else None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        """Append ``{"step": step, **metrics}`` durably, then update TensorBoard and the bar."""
+        """Append ``{"step": step, **metrics}`` durably, then send it to the loggers, the bar
+        and, on a logging step, the console."""
         values = {key: _scalar(key, value) for key, value in metrics.items() if key != "step"}
         self.rows.log(step, values)
-        if self._tensorboard:
-            writer = self._tb_writer()
-            for key, value in values.items():
-                writer.add_scalar(key, value, global_step=step)
-            writer.flush()
+        self._latest_val = values.get("val/acc", self._latest_val)
+        for logger in self.loggers:
+            logger.log_metrics(step, values)
         if self._bar is not None:
             self._update_bar(step, values)
+        if logging_step(step, self.log_every):
+            self._print(console_line(step, self.total_steps, {**values, "val/acc": self._latest_val}))
+
+    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
+        """Send generated samples of ``step`` to the loggers."""
+        for logger in self.loggers:
+            logger.log_samples(step, samples)
 
     def truncate_after(self, step: int) -> None:
-        """Keep only rows with ``row["step"] <= step`` (atomic rewrite) and purge later
-        TensorBoard events; a no-op on the file when no row is past ``step``."""
+        """Keep only rows with ``row["step"] <= step`` (atomic rewrite; a no-op on the file when
+        no row is past ``step``) and rewind the loggers to ``step``."""
+        logged = max((row["step"] for row in read_jsonl(self.path)), default=-1)
         kept = self.rows.truncate_after(step)
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self._purge_step = step + 1
+        for logger in self.loggers:
+            logger.rewind(step, logged)
         vals = [row["val/acc"] for row in kept if "val/acc" in row]
         self._latest_val = vals[-1] if vals else None
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
 
     def close(self) -> None:
-        """Close the file, the TensorBoard writer and the progress bar."""
+        """Close the file, the progress bar and the loggers (after the bar: W&B prints a summary)."""
         self.rows.close()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
         if self._bar is not None:
             self._bar.close()
+        for logger in self.loggers:
+            logger.close()
 
     def __enter__(self) -> MetricsSink:
         return self
@@ -238,17 +308,7 @@ class MetricsSink:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def _tb_writer(self):
-        if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=self._purge_step)
-            self._purge_step = None
-        return self._writer
-
     def _update_bar(self, step: int, values: dict[str, int | float]) -> None:
-        if "val/acc" in values:
-            self._latest_val = values["val/acc"]
         shown = {
             "reward": values.get("critic/score/mean"),
             "acc": values.get("train/acc"),
@@ -256,6 +316,13 @@ class MetricsSink:
         }
         self._bar.set_postfix({k: f"{v:.3f}" for k, v in shown.items() if v is not None}, refresh=False)
         self._bar.update(step - self._bar.n)
+
+    def _print(self, line: str) -> None:
+        """A line beside the progress bar (above it), or on stderr without one."""
+        if self._bar is not None:
+            tqdm.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
 
 class EventLog:

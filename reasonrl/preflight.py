@@ -10,7 +10,7 @@ runs only them. In order:
 1. the run directory: usable (nothing is created), and what it holds: nothing yet, a run to
    resume from its newest valid checkpoint, or a complete run;
 2. the prompt files exist (checked before torch is imported), then parse into the splits;
-3. the reward function resolves (``reward.fn``);
+3. the reward function resolves (``reward.fn``), and the packages of ``run.loggers`` import;
 4. the model: ``model.path`` is a Hugging Face model directory with a tokenizer, or the
    embedded warm start (cached, or trained first);
 5. ``run.device`` is usable with this torch build;
@@ -93,6 +93,9 @@ def preflight(cfg: Config) -> Plan:
     from reasonrl.reward import load_reward_fn
 
     load_reward_fn(cfg.reward.fn)
+    from reasonrl.loggers import check_loggers
+
+    check_loggers(cfg.run.loggers)
     model_dir, model = _model_dir(cfg)
     from reasonrl.data.model import check_device
 

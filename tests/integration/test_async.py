@@ -19,7 +19,7 @@ from reasonrl.controller import Controller
 from reasonrl.metrics import read_jsonl
 from tests.conftest import tiny_run
 
-NOT_VALUES = ("timing_s/", "time", "ettr", "time_lost_s", "mttr_s")
+NOT_VALUES = ("timing_s/", "time", "ettr", "time_lost_s", "mttr_s", "perf/throughput")
 
 
 def values(row: dict) -> dict:

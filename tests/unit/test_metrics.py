@@ -1,15 +1,20 @@
-"""metrics.jsonl sink, events log, timed() stages and the tolerant JSONL reader."""
+"""metrics.jsonl sink (with its console line and TensorBoard logger), events log, timed() stages and the
+tolerant JSONL reader."""
 
 import json
 import math
 
 import pytest
 
-from reasonrl.metrics import EventLog, MetricsSink, read_jsonl, timed
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+from reasonrl.loggers import TensorBoardLogger
+from reasonrl.metrics import EventLog, MetricsSink, Sample, console_line, read_jsonl, timed
 
 
 def test_rows_written_and_read_back(tmp_path):
-    with MetricsSink(tmp_path, total_steps=3, progress=False, tensorboard=False) as sink:
+    with MetricsSink(tmp_path, total_steps=3, progress=False) as sink:
         sink.log(1, {"critic/score/mean": 0.25, "train/acc": 0.5, "actor/ppo_kl": math.nan})
         sink.log(2, {"critic/score/mean": 0.75, "actor/grad_norm": math.inf, "actor/lr": -math.inf})
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -23,16 +28,16 @@ def test_rows_written_and_read_back(tmp_path):
 
 
 def test_non_number_metric_is_rejected_by_name(tmp_path):
-    with MetricsSink(tmp_path, total_steps=1, progress=False, tensorboard=False) as sink:
+    with MetricsSink(tmp_path, total_steps=1, progress=False) as sink:
         with pytest.raises(TypeError, match="actor/lr"):
             sink.log(1, {"actor/lr": "fast"})
 
 
 def test_truncate_after_keeps_rows_up_to_step(tmp_path):
-    with MetricsSink(tmp_path, total_steps=5, progress=False, tensorboard=False) as sink:
+    with MetricsSink(tmp_path, total_steps=5, progress=False) as sink:
         for step in range(1, 6):
             sink.log(step, {"critic/score/mean": step / 10})
-    with MetricsSink(tmp_path, total_steps=5, progress=False, tensorboard=False) as sink:
+    with MetricsSink(tmp_path, total_steps=5, progress=False) as sink:
         sink.truncate_after(3)
         sink.log(4, {"critic/score/mean": 0.9})
     rows = read_jsonl(tmp_path / "metrics.jsonl")
@@ -45,7 +50,7 @@ def test_partial_trailing_line_dropped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "train/acc": 0.5}\n{"step": 2, "train/a')
     assert read_jsonl(path) == [{"step": 1, "train/acc": 0.5}]
-    with MetricsSink(tmp_path, total_steps=3, progress=False, tensorboard=False) as sink:
+    with MetricsSink(tmp_path, total_steps=3, progress=False) as sink:
         sink.log(2, {"train/acc": 0.6})
     assert read_jsonl(path) == [{"step": 1, "train/acc": 0.5}, {"step": 2, "train/acc": 0.6}]
 
@@ -78,10 +83,118 @@ def test_event_log_appends_lines(tmp_path):
     assert rows[0]["time"] > 1e9
 
 
-def test_tensorboard_and_progress(tmp_path, capsys):
-    with MetricsSink(tmp_path, total_steps=2, progress=True, tensorboard=True) as sink:
+STEP = {"critic/score/mean": 0.25, "train/acc": 0.5, "actor/pg_loss": -0.0123, "actor/grad_norm": 0.75,
+        "actor/ppo_kl": 0.00125, "response_length/mean": 23.5, "perf/throughput": 12345.6, "timing_s/step": 1.0}
+
+
+def test_console_line_shows_the_main_metrics_present():
+    line = console_line(10, 150, {**STEP, "val/acc": 0.125})
+    assert line == ("step 10/150 reward=0.25 acc=0.5 val=0.125 pg_loss=-0.0123 grad_norm=0.75 kl=0.00125 len=23.5 "
+                    "tok/s=12346")
+    assert console_line(3, 4, {"train/acc": 0.5, "val/acc": None}) == "step 3/4 acc=0.5"
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_console_line_every_log_every_steps_with_the_latest_validation(tmp_path, capsys, progress):
+    with MetricsSink(tmp_path, total_steps=4, progress=progress, log_every=2) as sink:
+        sink.log(0, {"val/acc": 0.125})
+        for step in range(1, 5):
+            sink.log(step, {**STEP, "critic/score/mean": step / 10})
+    lines = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("step ")]
+    assert lines == [
+        "step 2/4 reward=0.2 acc=0.5 val=0.125 pg_loss=-0.0123 grad_norm=0.75 kl=0.00125 len=23.5 tok/s=12346",
+        "step 4/4 reward=0.4 acc=0.5 val=0.125 pg_loss=-0.0123 grad_norm=0.75 kl=0.00125 len=23.5 tok/s=12346",
+    ]
+
+
+def test_no_console_line_when_log_every_is_zero(tmp_path, capsys):
+    with MetricsSink(tmp_path, total_steps=2, progress=False, log_every=0) as sink:
+        sink.log(1, STEP)
+        sink.log(2, STEP)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_bar_shows_reward_and_latest_validation(tmp_path, capsys):
+    with MetricsSink(tmp_path, total_steps=2, progress=True) as sink:
         sink.log(1, {"critic/score/mean": 0.25, "train/acc": 0.5, "val/acc": 0.125})
         sink.log(2, {"critic/score/mean": 0.5})
-    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     err = capsys.readouterr().err
     assert "reward=0.500" in err and "val=0.125" in err
+
+
+def events(log_dir):
+    accumulator = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def texts(accumulator, tag):
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in accumulator.Tensors(f"{tag}/text_summary")]
+
+
+CONFIG = {"run": {"seed": 3, "loggers": ["tensorboard"], "deterministic": True}, "algo": {"eps_high": 0.28, "dual_clip": None, "adv_estimator": "grpo"}}
+
+
+def test_tensorboard_gets_scalars_config_hparams_and_samples(tmp_path):
+    logger = TensorBoardLogger(tmp_path / "tb", CONFIG)
+    with MetricsSink(tmp_path, total_steps=2, progress=False, loggers=[logger]) as sink:
+        sink.truncate_after(-1)
+        sink.log(1, {"critic/score/mean": 0.25})
+        sink.log_samples(1, [Sample("12+7=", "19|x\ny", 1.0, True), Sample("3*4=", "7", 0.0, False)])
+        sink.log(2, {"critic/score/mean": 0.5})
+    tb = events(tmp_path / "tb")
+    assert [(e.step, e.value) for e in tb.Scalars("critic/score/mean")] == [(1, 0.25), (2, 0.5)]
+    [(step, config)] = texts(tb, "config")
+    assert step == 0 and config.startswith("```yaml\n") and "eps_high: 0.28" in config and "- tensorboard" in config
+    hparams = HParamsPluginData.FromString(tb.PluginTagToContent("hparams")["_hparams_/session_start_info"])
+    got = {k: v.number_value if v.HasField("number_value") else v.string_value for k, v in hparams.session_start_info.hparams.items()}
+    assert got == {"run.seed": 3, "run.deterministic": 1, "algo.eps_high": 0.28, "algo.adv_estimator": "grpo"}
+    [(step, table)] = texts(tb, "samples")
+    assert step == 1
+    assert table.splitlines() == ["| prompt | response | reward | acc |", "|---|---|---|---|",
+                                  "| 12+7= | 19\\|x<br>y | 1.000 | yes |", "| 3*4= | 7 | 0.000 | no |"]
+
+
+def test_tensorboard_purges_the_steps_a_resume_redoes(tmp_path):
+    with MetricsSink(tmp_path, total_steps=3, progress=False, loggers=[TensorBoardLogger(tmp_path / "tb", CONFIG)]) as sink:
+        sink.truncate_after(-1)
+        for step in (1, 2, 3):
+            sink.log(step, {"train/acc": step / 10})
+    with MetricsSink(tmp_path, total_steps=3, progress=False, loggers=[TensorBoardLogger(tmp_path / "tb", CONFIG)]) as sink:
+        sink.truncate_after(1)
+        sink.log(2, {"train/acc": 0.9})
+    tb = events(tmp_path / "tb")
+    assert [(e.step, round(e.value, 6)) for e in tb.Scalars("train/acc")] == [(1, 0.1), (2, 0.9)]
+    assert [step for step, _ in texts(tb, "config")] == [0, 2]  # the resumed run's config, where it starts
+
+
+class Recorder:
+    """A logger that records what the sink sends it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def rewind(self, step, last_logged):
+        self.calls.append(("rewind", step, last_logged))
+
+    def log_metrics(self, step, values):
+        self.calls.append(("metrics", step, values))
+
+    def log_samples(self, step, samples):
+        self.calls.append(("samples", step, list(samples)))
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+def test_sink_tells_the_loggers_the_last_step_logged_before_a_resume(tmp_path):
+    with MetricsSink(tmp_path, total_steps=5, progress=False) as sink:
+        for step in (1, 2, 3):
+            sink.log(step, {"train/acc": 0.5})
+    recorder = Recorder()
+    with MetricsSink(tmp_path, total_steps=5, progress=False, loggers=[recorder]) as sink:
+        sink.truncate_after(1)
+        sink.log(2, {"train/acc": 0.75})
+        sink.log_samples(2, [Sample("p", "r", 1.0, True)])
+    assert recorder.calls == [("rewind", 1, 3), ("metrics", 2, {"train/acc": 0.75}),
+                              ("samples", 2, [Sample("p", "r", 1.0, True)]), ("close",)]

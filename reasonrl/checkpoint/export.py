@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from reasonrl.checkpoint.store import CheckpointCorruptError, find_latest, list_checkpoints, load_checkpoint
+from reasonrl.checkpoint.store import CheckpointCorruptError, find_latest, fsync_dir, list_checkpoints, load_checkpoint
 from reasonrl.config import Config, load
 from reasonrl.data.model import load_model, load_tokenizer
 from reasonrl.data.sft import resolve_model_dir
@@ -239,7 +239,7 @@ def _replace(tmp: Path, out: Path) -> None:
         if aside is not None:
             os.rename(aside, out)
         raise
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
 
@@ -253,12 +253,4 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(directory))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(Path(directory))

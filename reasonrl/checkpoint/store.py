@@ -198,7 +198,7 @@ class CheckpointWriter:
         }
         raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
         self.write_file(tmp / MANIFEST, lambda f: f.write(raw))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         return hashlib.sha256(raw).hexdigest().encode() + b"\n"
 
     def _publish(self, tmp: Path, step: int, marker: bytes) -> None:
@@ -213,8 +213,8 @@ class CheckpointWriter:
             os.rename(tmp, final)
             try:
                 self.write_file(final / MARKER, lambda f: f.write(marker))
-                _fsync_dir(final)
-                _fsync_dir(root)
+                fsync_dir(final)
+                fsync_dir(root)
             except BaseException:
                 os.rename(final, tmp)
                 raise
@@ -452,7 +452,7 @@ def _load(path: Path, reader: Callable[[Path], Any]) -> Any:
         raise CheckpointCorruptError(f"{path}: cannot be loaded: {err}") from err
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     """Make the entries of directory ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -235,7 +235,7 @@ _FAILURES = {
     "state": ("write_file", lambda path, write: path.name == "state.pt"),
     "manifest": ("write_file", lambda path, write: path.name == "manifest.json"),
     "marker": ("write_file", lambda path, write: path.name == "COMMITTED"),
-    "fsync-published": ("_fsync_dir", lambda path: path.name == "step_2"),
+    "fsync-published": ("fsync_dir", lambda path: path.name == "step_2"),
     "rename-publish": ("rename", lambda src, dst: Path(dst).name == "step_2"),
     "rename-aside": ("rename", lambda src, dst: Path(src).name == "step_2"),
 }

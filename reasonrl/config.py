@@ -179,7 +179,9 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     fn: str = "dapo"
-    """'dapo' (last 'Answer:' line, +1/-1), 'boxed' (last \\boxed{}), or 'module:function'."""
+    """'dapo' (last 'Answer:' line, +1/-1), 'boxed' (last \\boxed{}; both compare strings),
+    'math_verify' (the final answer checked for mathematical equivalence by the optional
+    math-verify package: 1/2 = 0.5 = \\dfrac{1}{2}), or 'module:function'."""
 
 
 @dataclass(frozen=True)

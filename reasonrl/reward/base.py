@@ -16,7 +16,7 @@ FAILURE_SCORE = -1.0
 
 BUILTIN: dict[str, Callable[[str, str], dict]] = {"dapo": dapo_score, "boxed": boxed_score}
 
-_ALLOWED = "'dapo', 'boxed' or an import path 'package.module:function'"
+_ALLOWED = "'dapo', 'boxed', 'math_verify' or an import path 'package.module:function'"
 _MAX_ERROR_CHARS = 300
 
 
@@ -31,13 +31,18 @@ class RewardFn(Protocol):
 
 
 def load_reward_fn(spec: str) -> RewardFn:
-    """The reward function named by ``spec``: ``"dapo"``, ``"boxed"`` or ``"package.module:function"``.
+    """The reward function named by ``spec``: ``"dapo"``, ``"boxed"``, ``"math_verify"``
+    (reasonrl/reward/verify.py, the optional math-verify package) or ``"package.module:function"``.
 
     Raises InputError naming the spec when the module cannot be imported, has no such
     attribute, or the attribute is not callable.
     """
     if spec in BUILTIN:
         return BUILTIN[spec]
+    if spec == "math_verify":
+        from reasonrl.reward.verify import load_math_verify
+
+        return load_math_verify()
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise InputError(f"reward function {spec!r}: unknown name; expected {_ALLOWED}")

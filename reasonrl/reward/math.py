@@ -152,7 +152,7 @@ def dapo_score(response: str, ground_truth: str) -> dict:
     with the ground truth after ``normalize_final_answer``. Unlike verl, a response
     without an ``Answer:`` line is never correct (verl compares ``"[INVALID]"`` itself).
     """
-    matches = _ANSWER_RE.findall(_as_text(response)[-DAPO_TAIL_CHARS:])
+    matches = _ANSWER_RE.findall(as_text(response)[-DAPO_TAIL_CHARS:])
     return _compare(matches[-1] if matches else None, ground_truth)
 
 
@@ -162,7 +162,7 @@ def boxed_score(response: str, ground_truth: str) -> dict:
     Good for integers and simple LaTeX (``\\frac{1}{2}`` matches ``\\frac{1}{2}``, not
     ``0.5``). A boxed answer longer than ``MAX_ANSWER_CHARS`` counts as none (``"[INVALID]"``).
     """
-    return _compare(last_boxed(_as_text(response)), ground_truth)
+    return _compare(last_boxed(as_text(response)), ground_truth)
 
 
 def _compare(answer: str | None, ground_truth: Any) -> dict:
@@ -175,12 +175,12 @@ def _compare(answer: str | None, ground_truth: Any) -> dict:
     if answer is None or len(answer) > MAX_ANSWER_CHARS:
         return {"score": -1.0, "acc": False, "pred": INVALID}
     pred = normalize_final_answer(answer)
-    truth = _as_text(ground_truth)
+    truth = as_text(ground_truth)
     correct = bool(pred) and len(truth) <= MAX_ANSWER_CHARS and pred == normalize_final_answer(truth)
     return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}
 
 
-def _as_text(value: Any) -> str:
+def as_text(value: Any) -> str:
     """``value`` as a string: ``None`` -> ``""``, bytes decoded as UTF-8 with replacement."""
     if isinstance(value, str):
         return value

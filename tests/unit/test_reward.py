@@ -125,7 +125,7 @@ def test_load_custom_reward_fn(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("math_verify", r"'math_verify': unknown name; expected 'dapo', 'boxed' or an import path"),
+        ("mathverify", r"'mathverify': unknown name; expected 'dapo', 'boxed', 'math_verify' or an import path"),
         ("no_such_module_xyz:fn", r"'no_such_module_xyz:fn': cannot import module 'no_such_module_xyz'"),
         (":fn", r"unknown name"),
         ("module:", r"unknown name"),

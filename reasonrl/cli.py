@@ -196,14 +196,36 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+class _HelpWithKeys(argparse.Action):
+    """``-h``: the command's help, then every config key with its type, default and the first
+    line of its help (``reasonrl config --keys`` prints the whole help)."""
+
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        lines = [f"  {k.key} ({k.type} = {json.dumps(k.default)}): {_first_sentence(k.help)}" for k in keys_help()]
+        print(parser.format_help())
+        print("config keys (dotted key=value overrides; `reasonrl config [RECIPE] --keys` for the full help):")
+        print("\n".join(lines))
+        parser.exit()
+
+
+def _first_sentence(text: str, limit: int = 100) -> str:
+    """The first sentence of ``text`` on one line, cut to ``limit`` characters."""
+    line = " ".join(text.split())
+    sentence = line.split(". ")[0].rstrip(".") + "."
+    return sentence if len(sentence) <= limit else sentence[: limit - 3].rstrip() + "..."
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"reasonrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    keys = "dotted key=value overrides; `reasonrl config RECIPE --keys` lists every key with its help"
     for name, fn, needs_recipe in (("train", cmd_train, True), ("sft", cmd_sft, False), ("eval", cmd_eval, True),
                                    ("config", cmd_config, False)):
-        p = sub.add_parser(name, epilog=keys)
+        p = sub.add_parser(name, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("-h", "--help", action=_HelpWithKeys, help="show this help and every config key, then exit")
         p.add_argument("recipe", nargs=None if needs_recipe else "?", help="recipe YAML or a packaged recipe name (dapo, grpo, ...)")
         p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
         p.set_defaults(fn=fn)

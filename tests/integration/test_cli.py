@@ -128,3 +128,13 @@ def test_the_console_script_reports_usage_errors_with_exit_2(tmp_path):
     proc = subprocess.run([Path(sys.executable).parent / "reasonrl", "train", "dapo", "algo.nope=1", f"run.dir={tmp_path}"],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 2 and "algo.nope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_train_help_lists_every_config_key(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "--dry-run" in out
+    listed = [line.split(" (")[0].strip() for line in out.split("config keys")[1].splitlines()[1:]]
+    assert listed == [k.key for k in keys_help()]
+    assert '  algo.eps_high (float = 0.2): Upper clip range (clip-higher when > eps_low).' in out

@@ -115,6 +115,8 @@ def test_a_complete_run_started_again_says_so_prints_its_summary_and_exits_0(cap
     code, out, err = _main(capsys, "demo", *overrides)
     assert code == 0, err
     assert "the run is already complete" in out and "held-out accuracy" in out and "report:" in out
+    code, out, _ = _main(capsys, "train", "dapo", "--dry-run", *overrides, "train.total_steps=4")
+    assert code == 0 and f"run.dir      {run}: resume from step 2 ({run / 'checkpoints' / 'step_2'})" in out
     assert (run / "final" / "model.safetensors").stat().st_mtime_ns == final  # nothing was redone
     code, _, err = _main(capsys, "train", "dapo", "--no-supervisor", *overrides, "algo.eps_high=0.3")
     assert code == 2 and "different configuration" in err

@@ -487,6 +487,18 @@ def _leaves(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
             yield prefix + f.name, value
 
 
+def flatten(tree: dict[Any, Any], prefix: str = "") -> dict[str, Any]:
+    """{dotted key: leaf value} of a nested mapping (``to_dict``'s or config.yaml's shape:
+    ``{"algo": {"eps_high": 0.28}}`` -> ``{"algo.eps_high": 0.28}``); an empty mapping is a leaf."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The tree as nested plain dicts, tuples as lists (what ``dump`` writes)."""
     return {f.name: _plain(getattr(cfg, f.name)) for f in fields(cfg)}

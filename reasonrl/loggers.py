@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from reasonrl.config import Config, to_dict
+from reasonrl.config import Config, flatten, to_dict
 from reasonrl.errors import InputError
 from reasonrl.metrics import Logger, Sample, write_atomic
 
@@ -60,17 +60,6 @@ def open_loggers(cfg: Config, run_dir: str | Path) -> list[Logger]:
         mode = os.environ.get("WANDB_MODE") or r.wandb_mode
         loggers.append(WandbLogger(run_dir, config, project=r.wandb_project, mode=mode))
     return loggers
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as one dict of dotted keys (``{"algo": {"eps_high": 0.28}}`` -> ``{"algo.eps_high": 0.28}``)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def samples_markdown(samples: Sequence[Sample]) -> str:

@@ -44,6 +44,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from reasonrl.config import flatten
 from reasonrl.errors import InputError, InputNotFound
 from reasonrl.metrics import read_jsonl
 from reasonrl.resilience.ettr import FAILURES, effective_time, step_seconds
@@ -143,18 +144,7 @@ def read_config(path: Path, text: str) -> dict[str, Any]:
         return {}
     if not isinstance(tree, dict):
         raise InputError(f"{path}, line 1: expected a mapping of config sections, got {type(tree).__name__}")
-    return _flatten(tree, "")
-
-
-def _flatten(tree: dict[Any, Any], prefix: str) -> dict[str, Any]:
-    """{dotted key: leaf value} of a nested mapping; an empty mapping is a leaf."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+    return flatten(tree)
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

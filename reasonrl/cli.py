@@ -26,7 +26,7 @@ import textwrap
 from pathlib import Path
 
 from reasonrl import __version__
-from reasonrl.config import dump_text, keys_help, load
+from reasonrl.config import ConfigError, dump_text, keys_help, load
 from reasonrl.errors import EXIT_FATAL, FatalError, InputError, error_line
 from reasonrl.preflight import preflight, same_run
 from reasonrl.resilience.rundir import SUPERVISOR_ENV
@@ -48,8 +48,6 @@ def _recipe(name: str | None) -> Path | None:
         return packaged
     if path.exists():
         return path  # a directory: load() says it cannot read it
-    from reasonrl.config import ConfigError
-
     names = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
     raise ConfigError(f"{name}: no such recipe file, and no packaged recipe of that name (recipes: {names})")
 

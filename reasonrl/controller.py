@@ -33,7 +33,7 @@ from reasonrl.config import Config, config_hash, dump
 from reasonrl.data.model import load_tokenizer
 from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.splits import load_splits, tokenize_prompts
-from reasonrl.errors import InputError, LimitError, ResumeError
+from reasonrl.errors import InputError, LimitError, ResumeError, error_line
 from reasonrl.evaluation import Evaluator
 from reasonrl.loggers import check_loggers, open_loggers
 from reasonrl.metrics import EventLog, MetricsSink, Sample, StepLog, logging_step, read_jsonl, timed
@@ -515,7 +515,11 @@ class Controller:
         step, tensors, state = load_checkpoint(path)
         if "controller" not in state:
             raise ResumeError(f"{path}: written by an older reasonrl (no 'controller' state); use a new run.dir")
-        self.registry.restore(tensors, state)
+        try:
+            self.registry.restore(tensors, state)
+        except (RuntimeError, KeyError, ValueError) as err:  # in memory: a restart would meet it again
+            raise ResumeError(f"{path}: does not fit this run ({error_line(err)}); it was written for another model "
+                              "(another model.path, or a warm start of another reasonrl version); use a new run.dir") from err
         self.step_count = step
         return True
 

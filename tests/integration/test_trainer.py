@@ -82,6 +82,22 @@ def test_resume_with_an_incompatible_config_is_refused(model_dir, tmp_path):
         Controller(config(model_dir, tmp_path, "train.total_steps=2", "algo.eps_high=0.3")).run()
 
 
+def test_resume_onto_weights_of_another_shape_is_refused(model_dir, tmp_path):
+    """A model directory replaced in place (a warm start of another version, say) after its
+    checkpoint was written: a ResumeError (exit 2, no restart), not a crash to restart."""
+    import shutil
+
+    from reasonrl.data.model import build_tiny_model, load_tokenizer
+
+    base = tmp_path / "model"
+    shutil.copytree(model_dir, base)
+    Controller(config(base, tmp_path / "run", "train.total_steps=1")).run()
+    tok = load_tokenizer(base)
+    build_tiny_model(len(tok), 48, 2, 4, 2, 64, tok.pad_token_id, tok.eos_token_id, seed=0).save_pretrained(base)
+    with pytest.raises(ResumeError, match=r"step_1: does not fit this run .*another model"):
+        Controller(config(base, tmp_path / "run", "train.total_steps=2")).run()
+
+
 def _main(capsys, *args):
     """``reasonrl ARGS`` in this process: (exit code, stderr)."""
     capsys.readouterr()

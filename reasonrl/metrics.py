@@ -163,15 +163,16 @@ class StepLog:
         """Append ``{"step": step, **row}``, flushed and fsynced."""
         _append_line(self._file, {"step": step, **row})
 
-    def truncate_after(self, step: int) -> list[dict[str, Any]]:
-        """Keep only rows with ``row["step"] <= step`` (atomic rewrite); return the kept rows."""
+    def truncate_after(self, step: int) -> tuple[list[dict[str, Any]], int]:
+        """Keep only rows with ``row["step"] <= step`` (atomic rewrite); return the kept rows and
+        the last step the file held before (-1: none)."""
         rows = read_jsonl(self.path)
         kept = [row for row in rows if row["step"] <= step]
         if len(kept) < len(rows):
             self._file.close()
             _rewrite_jsonl(self.path, kept)
             self._file = open(self.path, "a", encoding="utf-8")
-        return kept
+        return kept, max((row["step"] for row in rows), default=-1)
 
     def close(self) -> None:
         self._file.close()
@@ -285,8 +286,7 @@ class MetricsSink:
     def truncate_after(self, step: int) -> None:
         """Keep only rows with ``row["step"] <= step`` (atomic rewrite; a no-op on the file when
         no row is past ``step``) and rewind the loggers to ``step``."""
-        logged = max((row["step"] for row in read_jsonl(self.path)), default=-1)
-        kept = self.rows.truncate_after(step)
+        kept, logged = self.rows.truncate_after(step)
         for logger in self.loggers:
             logger.rewind(step, logged)
         vals = [row["val/acc"] for row in kept if "val/acc" in row]

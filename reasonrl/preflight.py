@@ -30,10 +30,6 @@ from pathlib import Path
 from reasonrl.config import Config, config_hash, load
 from reasonrl.errors import InputError, InputNotFound, RunDirError
 
-EMBEDDED_CONTEXT = 256
-"""max_position_embeddings of the embedded model (reasonrl.data.model.build_tiny_model)."""
-
-
 @dataclass(frozen=True)
 class RunState:
     """What the run directory holds."""
@@ -176,12 +172,12 @@ def _model_dir(cfg: Config) -> tuple[Path | None, str]:
 
 def _tokenizer_and_context(model_dir: Path | None):
     """(tokenizer, max_position_embeddings) of the model directory, or of the embedded model."""
+    from reasonrl.data.model import EMBEDDED_MAX_POSITIONS, load_tokenizer
+
     if model_dir is None:
         from reasonrl.data.tokenizer import build_char_tokenizer
 
-        return build_char_tokenizer(), EMBEDDED_CONTEXT
-    from reasonrl.data.model import load_tokenizer
-
+        return build_char_tokenizer(), EMBEDDED_MAX_POSITIONS
     config = model_dir / "config.json"
     try:
         context = json.loads(config.read_text(encoding="utf-8"))["max_position_embeddings"]

@@ -28,6 +28,10 @@ from reasonrl.errors import InputError, InputNotFound, error_line
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+EMBEDDED_MAX_POSITIONS = 256
+"""The context length of the embedded model (its max_position_embeddings)."""
+
+
 def build_tiny_model(
     vocab_size: int,
     hidden_size: int,
@@ -38,7 +42,7 @@ def build_tiny_model(
     pad_id: int,
     eos_id: int,
     seed: int,
-    max_positions: int = 256,
+    max_positions: int = EMBEDDED_MAX_POSITIONS,
 ) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=vocab_size,

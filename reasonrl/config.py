@@ -565,16 +565,16 @@ def dump_text(cfg: Config) -> str:
     return yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
+LOGGING_KEYS = ("run.dir", "run.progress", "run.log_every", "run.loggers", "run.log_samples", "run.wandb_project",
+                "run.wandb_mode")
+"""Keys that change where and how a run logs, never what it trains (a resume may change them;
+the report folds them away in a config diff)."""
+
+
 def config_hash(
     cfg: Config,
     ignore: Sequence[str] = (
-        "run.dir",
-        "run.progress",
-        "run.log_every",
-        "run.loggers",
-        "run.log_samples",
-        "run.wandb_project",
-        "run.wandb_mode",
+        *LOGGING_KEYS,
         "train.total_steps",
         "eval.every_steps",
         "checkpoint.every_steps",

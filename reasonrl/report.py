@@ -10,7 +10,7 @@ their absence is said in the page. ``report.html`` holds, in this order:
   final reward, ETTR, time lost to faults, MTTR, wall time;
 - with two or more configs, their differences: one row per dotted key (``algo.eps_high``)
   whose values differ, one column per run. Keys that only change where and how a run logs
-  (``run.dir``, ``run.loggers``, ... :data:`LOGGING_KEYS`) are in a separate, folded table;
+  (``run.dir``, ``run.loggers``, ... :data:`reasonrl.config.LOGGING_KEYS`) are in a separate, folded table;
 - the plots, PNG files beside the HTML referenced by relative path: reward, accuracy
   (sampled, greedy, pass@k, train), accuracy per data source (``val/acc/<source>``, one panel
   each), response length and its clip ratio, entropy, PPO clip fractions, policy loss, KL
@@ -44,7 +44,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from reasonrl.config import flatten
+from reasonrl.config import LOGGING_KEYS, flatten
 from reasonrl.errors import InputError, InputNotFound
 from reasonrl.metrics import read_jsonl
 from reasonrl.resilience.ettr import FAILURES, effective_time, step_seconds
@@ -59,11 +59,6 @@ MARKED_KINDS = FAILURES | {
 (``crash``, ``killed``, ``hang``) unless it ``gave_up``, ``fatal`` stops, ``recovered``
 restarts, guard verdicts (``rollback``, ``nonfinite``, ``spike``), fail-slow workers,
 failed checkpoints and rewards, rollout process restarts and injected faults."""
-
-LOGGING_KEYS = frozenset({
-    "run.dir", "run.progress", "run.log_every", "run.loggers", "run.log_samples", "run.wandb_project", "run.wandb_mode",
-})
-"""Config keys that change where and how a run logs, never what it trains."""
 
 _DETAIL_CHARS = 200
 

@@ -183,6 +183,29 @@ class RewardConfig:
     """'dapo' (last 'Answer:' line, +1/-1), 'boxed' (last \\boxed{}; both compare strings),
     'math_verify' (the final answer checked for mathematical equivalence by the optional
     math-verify package: 1/2 = 0.5 = \\dfrac{1}{2}), or 'module:function'."""
+    by_source: tuple[str, ...] = ()
+    """Reward functions per data source, 'SOURCE=FN' entries (FN as in reward.fn), for example
+    [openai/gsm8k=gsm8k, math_dapo=math_verify]; a row whose data_source is not listed gets
+    reward.fn."""
+    format: str = ""
+    """A format reward added to any function's score: '' (none), 'boxed' (one \\boxed{} answer
+    at the end), 'answer_line' (a last line 'Answer: ...'), 'think' (<think>...</think> then the
+    answer), or 're:REGEX' (the response must match REGEX, searched with re.DOTALL)."""
+    format_score: float = 0.1
+    """Added to the score of a response in reward.format; logged as reward/format (the fraction
+    that is)."""
+    code_mode: Literal["fraction", "all"] = "fraction"
+    """reward.fn=code: the score is the fraction of the row's tests passed, mapped to [-1, 1]
+    ('fraction'), or +1 only when every test passes, else -1 ('all')."""
+    code_timeout_s: float = 5.0
+    """reward.fn=code: wall-clock seconds one program may run on all of a row's tests; keep it
+    below resilience.reward_timeout_s."""
+    code_memory_mb: int = 512
+    """reward.fn=code: address-space limit of the program's process, in MiB."""
+    sandbox: Literal["auto", "bwrap", "namespaces", "rlimits"] = "auto"
+    """reward.fn=code: how programs are contained (docs/sandbox.md): 'bwrap' (bubblewrap),
+    'namespaces' (unshare: no network, private filesystem view), 'rlimits' (resource limits
+    and a throw-away directory only); 'auto' picks the strongest that works on this machine."""
 
 
 @dataclass(frozen=True)

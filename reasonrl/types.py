@@ -137,6 +137,9 @@ class ScoredBatch:
     acc:          [B] bool, the answer was correct
     failed:       [B] bool, the reward function raised or timed out
     errors:       one line per failed sample (``"sample i: ..."``, i its row when scored)
+    preds:        the B extracted answers (``"[INVALID]"`` where none)
+    extras:       the B reward breakdowns: the reward function's other fields, ``format``
+                  (0/1, with reward.format) and ``overlong_penalty`` (with algo.overlong_buffer)
     """
 
     rollout: RolloutBatch
@@ -146,6 +149,12 @@ class ScoredBatch:
     acc: torch.Tensor
     failed: torch.Tensor
     errors: list[str] = field(default_factory=list)
+    preds: list[str] = field(default_factory=list)
+    extras: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.preds = self.preds or ["[INVALID]"] * len(self.texts)
+        self.extras = self.extras or [{} for _ in self.texts]
 
     @property
     def size(self) -> int:
@@ -161,6 +170,8 @@ class ScoredBatch:
             scores=self.scores[index],
             acc=self.acc[index],
             failed=self.failed[index],
+            preds=[self.preds[i] for i in rows],
+            extras=[self.extras[i] for i in rows],
         )
 
     @staticmethod
@@ -176,6 +187,8 @@ class ScoredBatch:
             acc=torch.cat([b.acc for b in batches]),
             failed=torch.cat([b.failed for b in batches]),
             errors=[e for b in batches for e in b.errors],
+            preds=[p for b in batches for p in b.preds],
+            extras=[x for b in batches for x in b.extras],
         )
 
 

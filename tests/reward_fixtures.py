@@ -15,3 +15,16 @@ def never(response: str, ground_truth: str) -> dict:
 
 def broken(response: str, ground_truth: str) -> dict:
     raise RuntimeError("broken reward function")
+
+
+def by_row(response: str, ground_truth: str, data_source: str, extra_info: dict | None = None) -> dict:
+    """Right when the response names the row's data source and its extra_info index; reports
+    the response's length as an extra field."""
+    index = (extra_info or {}).get("index")
+    ok = response == f"{data_source}:{index}"
+    return {"score": 1.0 if ok else -1.0, "acc": ok, "pred": response, "chars": len(response)}
+
+
+def every_field(response: str, ground_truth: str, **row) -> dict:
+    """Scores the number of row fields it was given, and lists their names."""
+    return {"score": float(len(row)), "pred": ",".join(sorted(row))}

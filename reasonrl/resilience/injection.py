@@ -27,6 +27,7 @@ import torch
 from reasonrl.checkpoint import CheckpointWriter
 from reasonrl.errors import InputError
 from reasonrl.resilience.faults import FaultPlan
+from reasonrl.reward.base import Grades
 from reasonrl.reward.pool import RewardPool
 
 Clock = Callable[[], int]
@@ -114,16 +115,17 @@ class FaultyRewards(_Wrapper):
         if fault is None:
             return self.inner.score(rollout, prompts)
         kind, count = fault
-        texts, truths = self.inner.decode(rollout), [p.ground_truth for p in prompts]
+        texts = self.inner.decode(rollout)
         k = min(count, len(texts))
         fn = sleeping_reward if kind == "reward_timeout" else raising_reward
         timeout = self.inner.cfg.resilience.reward_timeout_s
         with RewardPool(f"{__name__}:{fn.__name__}", workers=1, timeout_s=timeout, max_consecutive_failures=k) as drill:
-            bad = drill.score(texts[:k], truths[:k])
-        good = self.inner.grade(texts[k:], truths[k:])
-        errors = bad[3] + [_renumber(e, k) for e in good[3]]
-        scores, acc, failed = (torch.cat([b, g]) for b, g in zip(bad[:3], good[:3]))
-        return self.inner.assemble(rollout, prompts, texts, scores, acc, failed, errors)
+            bad = drill.score(texts[:k], [p.ground_truth for p in prompts[:k]])
+        good = self.inner.grade(texts[k:], prompts[k:])
+        grades = Grades(torch.cat([bad.scores, good.scores]), torch.cat([bad.acc, good.acc]),
+                        torch.cat([bad.failed, good.failed]), bad.errors + [_renumber(e, k) for e in good.errors],
+                        bad.preds + good.preds, bad.extras + good.extras)
+        return self.inner.assemble(rollout, prompts, texts, grades)
 
 
 def _renumber(error: str, offset: int) -> str:

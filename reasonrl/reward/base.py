@@ -1,38 +1,59 @@
-"""The reward-function protocol, loading a function by name or import path, batch scoring."""
+"""The reward-function protocol, loading a function by name or import path, and grading.
+
+A reward function is called ``fn(response, ground_truth, **row)``: ``row`` holds the prompt's
+``data_source`` and the other columns of its dataset row (``extra_info``, ``test_list``, ...),
+each passed only when the function's signature names it, all of them when it takes
+``**kwargs`` (so ``fn(response, ground_truth)`` gets none). It returns a dict with ``score``
+(a finite number), optionally ``acc`` (correct; default ``score > 0``) and ``pred`` (the
+extracted answer), and any other fields, which are kept with the sample and logged.
+
+A :class:`Grader` is what ``reward.*`` configures: ``reward.fn``, the functions chosen per
+``data_source`` (``reward.by_source``) and the format reward (``reward.format``) on top::
+
+    score = fn_for(data_source)(response, ground_truth, **row)["score"]
+            + reward.format_score * [response is in reward.format]
+"""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
-from typing import Callable, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 import torch
 
+from reasonrl.config import RewardConfig
 from reasonrl.errors import InputError
-from reasonrl.reward.math import boxed_score, dapo_score
+from reasonrl.reward.format import format_rule
+from reasonrl.reward.math import INVALID, boxed_score, dapo_score, gsm8k_score
 
 FAILURE_SCORE = -1.0
 """The score given to a sample whose reward function raised or returned something malformed."""
 
-BUILTIN: dict[str, Callable[[str, str], dict]] = {"dapo": dapo_score, "boxed": boxed_score}
+BUILTIN: dict[str, Callable[[str, str], dict]] = {"dapo": dapo_score, "boxed": boxed_score, "gsm8k": gsm8k_score}
 
-_ALLOWED = "'dapo', 'boxed', 'math_verify' or an import path 'package.module:function'"
+_ALLOWED = "'dapo', 'boxed', 'gsm8k', 'math_verify', 'code' or an import path 'package.module:function'"
 _MAX_ERROR_CHARS = 300
+_RESERVED = ("score", "acc", "pred")
 
 
 class RewardFn(Protocol):
-    """Scores one response against its ground truth.
+    """Scores one response against its ground truth (and, if it asks, the row's fields).
 
-    Returns a dict with ``score`` (a finite float), ``acc`` (bool: the answer is correct)
-    and ``pred`` (str: the answer that was extracted).
+    Returns a dict with ``score`` (a finite float), ``acc`` (bool: the answer is correct),
+    ``pred`` (str: the answer that was extracted) and any extra fields.
     """
 
-    def __call__(self, response: str, ground_truth: str) -> dict: ...
+    def __call__(self, response: str, ground_truth: str, **row: Any) -> dict: ...
 
 
-def load_reward_fn(spec: str) -> RewardFn:
-    """The reward function named by ``spec``: ``"dapo"``, ``"boxed"``, ``"math_verify"``
-    (reasonrl/reward/verify.py, the optional math-verify package) or ``"package.module:function"``.
+def load_reward_fn(spec: str, cfg: RewardConfig | None = None) -> RewardFn:
+    """The reward function named by ``spec``: ``"dapo"``, ``"boxed"``, ``"gsm8k"``,
+    ``"math_verify"`` (reasonrl/reward/verify.py, the optional math-verify package), ``"code"``
+    (reasonrl/reward/code.py, the sandboxed program runner, set up by ``cfg``) or
+    ``"package.module:function"``.
 
     Raises InputError naming the spec when the module cannot be imported, has no such
     attribute, or the attribute is not callable.
@@ -43,6 +64,10 @@ def load_reward_fn(spec: str) -> RewardFn:
         from reasonrl.reward.verify import load_math_verify
 
         return load_math_verify()
+    if spec == "code":
+        from reasonrl.reward.code import make_code_reward
+
+        return make_code_reward(cfg or RewardConfig())
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise InputError(f"reward function {spec!r}: unknown name; expected {_ALLOWED}")
@@ -61,41 +86,153 @@ def load_reward_fn(spec: str) -> RewardFn:
     return fn
 
 
-def score_batch(
-    fn: RewardFn, texts: list[str], ground_truths: list[str]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
-    """Call ``fn`` on each (text, ground truth) pair.
+def parse_by_source(entries: tuple[str, ...]) -> dict[str, str]:
+    """``{data_source: fn spec}`` from ``reward.by_source`` entries ``'SOURCE=FN'``; a
+    malformed or repeated entry is an InputError naming reward.by_source."""
+    out: dict[str, str] = {}
+    for entry in entries:
+        source, sep, spec = entry.rpartition("=")
+        if not sep or not source.strip() or not spec.strip():
+            raise InputError(f"reward.by_source: entry {entry!r} is not 'SOURCE=FN' (for example 'openai/gsm8k=gsm8k')")
+        if source.strip() in out:
+            raise InputError(f"reward.by_source: data source {source.strip()!r} is given twice")
+        out[source.strip()] = spec.strip()
+    return out
 
-    Returns ``scores [B] float32``, ``acc [B] bool``, ``failed [B] bool`` and one error line
-    per failed sample (``"sample i: ..."``). A sample fails when ``fn`` raises or returns
-    something other than a dict with a finite numeric ``score``; it then gets
-    ``FAILURE_SCORE`` and ``acc = False``. A missing ``acc`` key means ``score > 0``.
-    Never raises for anything ``fn`` does; different list lengths are a ValueError.
-    """
-    if len(texts) != len(ground_truths):
-        raise ValueError(f"score_batch: {len(texts)} texts but {len(ground_truths)} ground truths")
-    scores, accs, failed, errors = [], [], [], []
-    for i, (text, truth) in enumerate(zip(texts, ground_truths)):
+
+@dataclass(frozen=True)
+class Grade:
+    """One graded sample: ``failed`` when the function raised, returned something malformed
+    or timed out (``error`` says why; ``score`` is then ``FAILURE_SCORE``); ``extras`` holds
+    the function's other fields and ``format`` (0 or 1) under reward.format."""
+
+    score: float
+    acc: bool
+    pred: str = INVALID
+    failed: bool = False
+    error: str = ""
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def failed_grade(error: str) -> Grade:
+    """The grade of a sample whose scoring failed with ``error``."""
+    return Grade(FAILURE_SCORE, False, INVALID, True, _one_line(error))
+
+
+class Grader:
+    """A default reward function, functions per data source and an optional format rule as
+    one callable (what ``reward.*`` configures: :meth:`from_config`); :meth:`grade` never
+    raises for anything a reward function does."""
+
+    def __init__(self, default: RewardFn, by_source: dict[str, RewardFn] | None = None,
+                 format_check: Callable[[str], bool] | None = None, format_score: float = 0.0) -> None:
+        self.default = default
+        self.by_source = by_source or {}
+        self.format_check, self.format_score = format_check, format_score
+        self._keywords: dict[int, frozenset[str] | None] = {}
+
+    @classmethod
+    def from_config(cls, cfg: RewardConfig) -> "Grader":
+        """The grader of ``reward.fn``, ``reward.by_source`` and ``reward.format``."""
+        by_source = {source: load_reward_fn(spec, cfg) for source, spec in parse_by_source(cfg.by_source).items()}
+        check = format_rule(cfg.format) if cfg.format else None
+        return cls(load_reward_fn(cfg.fn, cfg), by_source, check, cfg.format_score)
+
+    def fn_for(self, data_source: str) -> RewardFn:
+        """The reward function of rows from ``data_source``."""
+        return self.by_source.get(data_source, self.default)
+
+    def grade(self, response: str, ground_truth: str, row: dict[str, Any] | None = None) -> Grade:
+        """The sample's grade; ``row`` holds ``data_source`` and the row's other fields."""
+        row = row or {}
+        fn = self.fn_for(row.get("data_source", ""))
         try:
-            score, acc = _check_result(fn(text, truth))
-            scores.append(score)
-            accs.append(acc)
-            failed.append(False)
+            result = fn(response, ground_truth, **self._row_kwargs(fn, row))
+            score, acc, pred, extras = check_result(result)
         except Exception as e:
-            scores.append(FAILURE_SCORE)
-            accs.append(False)
-            failed.append(True)
-            errors.append(_one_line(f"sample {i}: {type(e).__name__}: {e}"))
-    return (
-        torch.tensor(scores, dtype=torch.float32),
-        torch.tensor(accs, dtype=torch.bool),
-        torch.tensor(failed, dtype=torch.bool),
-        errors,
-    )
+            return failed_grade(f"{type(e).__name__}: {e}")
+        if self.format_check is not None:
+            formatted = self.format_check(response)
+            score += self.format_score if formatted else 0.0
+            extras["format"] = float(formatted)
+        return Grade(score, acc, pred, extras=extras)
+
+    def _row_kwargs(self, fn: RewardFn, row: dict[str, Any]) -> dict[str, Any]:
+        """The fields of ``row`` that ``fn`` takes as keyword arguments."""
+        key = id(fn)
+        if key not in self._keywords:
+            self._keywords[key] = _keyword_names(fn)
+        names = self._keywords[key]
+        return {k: v for k, v in row.items() if (names is None and k not in _POSITIONAL) or (names and k in names)}
 
 
-def _check_result(result: object) -> tuple[float, bool]:
-    """``(score, acc)`` from a reward function's result; ValueError when it is malformed."""
+_POSITIONAL = ("response", "ground_truth")
+
+
+def _keyword_names(fn: Callable) -> frozenset[str] | None:
+    """Names ``fn`` accepts by keyword after its first two parameters; None when it takes
+    ``**kwargs`` (every field)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return frozenset()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:2]
+    return frozenset(p.name for p in params if p not in positional
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def row_fields(prompt) -> dict[str, Any]:
+    """The keyword fields a reward function may take for ``prompt``: its ``data_source`` and
+    the other columns of its row."""
+    return {**prompt.extra, "data_source": prompt.data_source}
+
+
+@dataclass
+class Grades:
+    """A batch of grades: ``scores [B] float32``, ``acc [B] bool``, ``failed [B] bool``, one
+    error line per failed sample (``"sample i: ..."``), the extracted answers and the extra
+    fields of each sample."""
+
+    scores: torch.Tensor
+    acc: torch.Tensor
+    failed: torch.Tensor
+    errors: list[str]
+    preds: list[str]
+    extras: list[dict[str, Any]]
+
+    @staticmethod
+    def of(grades: list[Grade]) -> "Grades":
+        return Grades(
+            torch.tensor([g.score for g in grades], dtype=torch.float32),
+            torch.tensor([g.acc for g in grades], dtype=torch.bool),
+            torch.tensor([g.failed for g in grades], dtype=torch.bool),
+            [f"sample {i}: {g.error}" for i, g in enumerate(grades) if g.failed],
+            [g.pred for g in grades],
+            [g.extras for g in grades],
+        )
+
+
+def score_batch(fn: RewardFn | Grader, texts: list[str], ground_truths: list[str],
+                rows: list[dict[str, Any]] | None = None) -> Grades:
+    """Grade each (text, ground truth[, row]) with ``fn`` (a reward function or a Grader).
+
+    A sample fails when ``fn`` raises or returns something other than a dict with a finite
+    numeric ``score``; it then gets ``FAILURE_SCORE`` and ``acc = False``. A missing ``acc``
+    key means ``score > 0``. Never raises for anything ``fn`` does; different list lengths
+    are a ValueError.
+    """
+    if len(texts) != len(ground_truths) or (rows is not None and len(rows) != len(texts)):
+        raise ValueError(f"score_batch: {len(texts)} texts but {len(ground_truths)} ground truths"
+                         + (f" and {len(rows)} rows" if rows is not None else ""))
+    grader = fn if isinstance(fn, Grader) else Grader(fn)
+    return Grades.of([grader.grade(t, g, rows[i] if rows else None) for i, (t, g) in enumerate(zip(texts, ground_truths))])
+
+
+def check_result(result: object) -> tuple[float, bool, str, dict[str, Any]]:
+    """``(score, acc, pred, extras)`` from a reward function's result; ValueError when it is
+    malformed. Extras are the other fields whose values are numbers, strings or booleans."""
     if not isinstance(result, dict):
         raise ValueError(f"reward function returned a {type(result).__name__}, expected a dict with 'score'")
     if "score" not in result:
@@ -106,7 +243,13 @@ def _check_result(result: object) -> tuple[float, bool]:
     score = float(raw)
     if not math.isfinite(score):
         raise ValueError(f"reward function score {score} is not finite")
-    return score, bool(result.get("acc", score > 0))
+    extras = {str(k): v for k, v in result.items() if k not in _RESERVED and _loggable(v)}
+    return score, bool(result.get("acc", score > 0)), str(result.get("pred", INVALID)), extras
+
+
+def _loggable(value: object) -> bool:
+    """A number, string or boolean (a float only when finite)."""
+    return isinstance(value, (int, str, bool)) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _one_line(message: str) -> str:

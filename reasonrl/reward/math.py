@@ -1,12 +1,16 @@
-"""Rule-based math rewards: the DAPO ``Answer:`` rule and the last ``\\boxed{}`` answer.
+"""Rule-based math rewards: the DAPO ``Answer:`` rule, the last ``\\boxed{}`` answer and
+GSM8K's ``#### N``.
 
-Both compare a normalised prediction with the normalised ground truth as strings
-(``normalize_final_answer``, a port of the Minerva/lm-eval normaliser that verl's
+``dapo`` and ``boxed`` are string rules: they compare a normalised prediction with the
+normalised ground truth as strings (``normalize_final_answer``, a port of the Minerva/lm-eval normaliser that verl's
 ``math_dapo.py`` uses). This is right for integer answers (AIME, DAPO-Math) and simple
 LaTeX; equivalences that need a symbolic check (``\\frac{1}{2}`` vs ``0.5``, ``x=2`` vs
 ``2``, reordered tuples or intervals) are not recognised.
 
-Both functions return ``{"score": +1.0 or -1.0, "acc": bool, "pred": str}`` and never
+``gsm8k`` compares numbers: the one after the last ``####`` (verl's strict GSM8K rule), commas
+and a leading ``$`` dropped.
+
+All three return ``{"score": +1.0 or -1.0, "acc": bool, "pred": str}`` and never
 raise: non-string inputs are coerced to text (``None`` becomes ``""``, bytes are decoded).
 """
 
@@ -157,12 +161,40 @@ def dapo_score(response: str, ground_truth: str) -> dict:
 
 
 def boxed_score(response: str, ground_truth: str) -> dict:
-    """Exact match of the last ``\\boxed{}`` / ``\\fbox{}`` answer, both sides normalised.
+    """Exact match of the last ``\\boxed{}`` / ``\\fbox{}`` answer, both sides normalised: a
+    string rule, not a mathematical check (``reward.fn=math_verify`` is that).
 
     Good for integers and simple LaTeX (``\\frac{1}{2}`` matches ``\\frac{1}{2}``, not
     ``0.5``). A boxed answer longer than ``MAX_ANSWER_CHARS`` counts as none (``"[INVALID]"``).
     """
     return _compare(last_boxed(as_text(response)), ground_truth)
+
+
+_GSM8K_RE = re.compile(r"####\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)")
+
+
+def gsm8k_answer(text: str) -> str | None:
+    """The number after the last ``####`` in ``text`` (commas removed, ``12.0`` kept as
+    written), or None."""
+    matches = _GSM8K_RE.findall(as_text(text))
+    return matches[-1].replace(",", "") if matches else None
+
+
+def gsm8k_score(response: str, ground_truth: str) -> dict:
+    """GSM8K's rule (verl ``gsm8k.compute_score``, strict): the number after the response's
+    last ``####`` equals the ground truth's number, compared as numbers (``72`` = ``72.0``).
+    The ground truth may be the bare number or GSM8K's whole solution ending in ``#### 72``.
+    +1 when equal, -1 otherwise or when the response has no ``#### N``."""
+    pred = gsm8k_answer(response)
+    truth_text = as_text(ground_truth).strip()
+    truth = gsm8k_answer(truth_text) or truth_text.replace(",", "").lstrip("$")
+    if pred is None:
+        return {"score": -1.0, "acc": False, "pred": INVALID}
+    try:
+        correct = float(pred) == float(truth)
+    except ValueError:
+        correct = False
+    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}
 
 
 def _compare(answer: str | None, ground_truth: Any) -> dict:

@@ -1,7 +1,7 @@
 """Reward scoring in worker processes with a timeout per sample.
 
-    with RewardPool("dapo", workers=2, timeout_s=5.0) as pool:
-        scores, acc, failed, errors = pool.score(texts, ground_truths)
+    with RewardPool(cfg.reward, workers=2, timeout_s=5.0) as pool:
+        grades = pool.score(texts, ground_truths, rows)   # Grades: scores, acc, failed, errors, ...
 
 A sample whose reward function raises, returns something malformed or runs past the timeout
 is scored as failed (``FAILURE_SCORE``, ``acc`` False) and the batch goes on; a worker stuck
@@ -19,13 +19,13 @@ import time
 from collections import deque
 from multiprocessing.connection import wait
 
-import torch
+from typing import Any
 
+from reasonrl.config import RewardConfig
 from reasonrl.errors import InputError, LimitError
-from reasonrl.reward.base import FAILURE_SCORE, RewardFn, load_reward_fn, score_batch
+from reasonrl.reward.base import Grade, Grader, Grades, failed_grade
 
 _START_TIMEOUT_S = 120.0
-_Result = tuple[float, bool, bool, str]  # score, acc, failed, error ("" when scored)
 
 
 class RewardFailureError(LimitError, RuntimeError):
@@ -33,27 +33,21 @@ class RewardFailureError(LimitError, RuntimeError):
     broken: a restart would fail the same way)."""
 
 
-def _score_one(fn: RewardFn, text: str, truth: str) -> _Result:
-    """One sample through ``score_batch``; the error without its ``sample 0:`` label."""
-    scores, acc, failed, errors = score_batch(fn, [text], [truth])
-    return scores.item(), bool(acc.item()), bool(failed.item()), errors[0].partition(": ")[2] if errors else ""
-
-
-def _worker_main(conn, fn_spec: str) -> None:
-    """Worker loop: load the function and send ``""`` (or the error), then receive lists of
-    ``(index, text, truth)`` and send one ``(index, *result)`` per sample as it is scored;
+def _worker_main(conn, reward: RewardConfig) -> None:
+    """Worker loop: build the grader and send ``""`` (or the error), then receive lists of
+    ``(index, text, truth, row)`` and send one ``(index, Grade)`` per sample as it is scored;
     ``None`` or a closed pipe ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     try:
-        fn = load_reward_fn(fn_spec)
+        grader = Grader.from_config(reward)
     except Exception as e:
         conn.send(f"{type(e).__name__}: {e}")
         return
     try:
         conn.send("")
         while (chunk := conn.recv()) is not None:
-            for index, text, truth in chunk:
-                conn.send((index, *_score_one(fn, text, truth)))
+            for index, text, truth, row in chunk:
+                conn.send((index, grader.grade(text, truth, row)))
     except (EOFError, OSError):
         pass
 
@@ -62,16 +56,16 @@ class _Worker:
     """One worker process, the indices it was sent and not yet answered, and when the one it
     is scoring now times out."""
 
-    def __init__(self, ctx, fn_spec: str) -> None:
+    def __init__(self, ctx, reward: RewardConfig) -> None:
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child_conn, fn_spec), name="reasonrl-reward",
+        self.proc = ctx.Process(target=_worker_main, args=(child_conn, reward), name="reasonrl-reward",
                                 daemon=True)
         self.proc.start()
         child_conn.close()
         error = self._startup_error()
         if error:
             self.stop(kill=True)
-            raise InputError(f"reward.fn: the reward worker could not load {fn_spec!r}: {error}")
+            raise InputError(f"reward.fn: the reward worker could not load {reward.fn!r}: {error}")
         self.pending: deque[int] = deque()
         self.deadline = math.inf
 
@@ -104,24 +98,26 @@ def _start_method() -> str:
 
 
 class RewardPool:
-    """Scores batches with the reward function ``fn_spec`` (``"dapo"``, ``"boxed"`` or
-    ``"module:function"``), each sample in a worker process with ``timeout_s`` to finish.
+    """Grades batches with ``reward`` (a RewardConfig: ``reward.fn``, ``reward.by_source``,
+    ``reward.format``; a string is ``RewardConfig(fn=string)``), each sample in a worker
+    process with ``timeout_s`` to finish.
 
     ``workers=0`` scores in this process: no timeouts, no process overhead, exceptions still
     caught. Raises ``RewardFailureError`` once more than ``max_consecutive_failures`` samples
     in a row have failed. Use as a context manager, or call ``close()``.
     """
 
-    def __init__(self, fn_spec: str, workers: int = 1, timeout_s: float = 5.0, max_consecutive_failures: int = 50):
+    def __init__(self, reward: RewardConfig | str, workers: int = 1, timeout_s: float = 5.0,
+                 max_consecutive_failures: int = 50):
         if workers < 0:
             raise ValueError(f"RewardPool workers: got {workers}, expected >= 0")
         if not timeout_s > 0:
             raise ValueError(f"RewardPool timeout_s: got {timeout_s}, expected > 0")
-        self.fn_spec = fn_spec
+        self.reward = RewardConfig(fn=reward) if isinstance(reward, str) else reward
         self.timeout_s = timeout_s
         self.max_consecutive_failures = max_consecutive_failures
         self.consecutive_failures = 0
-        self._fn = load_reward_fn(fn_spec)
+        self._grader = Grader.from_config(self.reward)
         self._ctx = multiprocessing.get_context(_start_method())
         self._workers: list[_Worker] = []
         try:
@@ -131,15 +127,17 @@ class RewardPool:
             self.close()
             raise
 
-    def score(self, texts: list[str], ground_truths: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
-        """``scores [B] float32``, ``acc [B] bool``, ``failed [B] bool`` and one error per
-        failed sample (``"sample i: ..."``), as ``score_batch`` returns them."""
-        if len(texts) != len(ground_truths):
-            raise ValueError(f"RewardPool.score: {len(texts)} texts but {len(ground_truths)} ground truths")
+    def score(self, texts: list[str], ground_truths: list[str], rows: list[dict[str, Any]] | None = None) -> Grades:
+        """The grades of each (text, ground truth, row) as ``score_batch`` gives them;
+        ``rows`` (``data_source`` and the row's other fields, by sample) may be omitted."""
+        if len(texts) != len(ground_truths) or (rows is not None and len(rows) != len(texts)):
+            raise ValueError(f"RewardPool.score: {len(texts)} texts but {len(ground_truths)} ground truths"
+                             + (f" and {len(rows)} rows" if rows is not None else ""))
+        rows = rows if rows is not None else [{} for _ in texts]
         if self._workers:
-            results = self._score_in_workers(texts, ground_truths)
+            results = self._score_in_workers(texts, ground_truths, rows)
         else:
-            results = [_score_one(self._fn, text, truth) for text, truth in zip(texts, ground_truths)]
+            results = [self._grader.grade(text, truth, row) for text, truth, row in zip(texts, ground_truths, rows)]
         return self._collect(results)
 
     def close(self) -> None:
@@ -155,18 +153,18 @@ class RewardPool:
         self.close()
 
     def _new_worker(self) -> _Worker:
-        return _Worker(self._ctx, self.fn_spec)
+        return _Worker(self._ctx, self.reward)
 
     def _timeout_error(self) -> str:
         return f"timeout after {self.timeout_s}s"
 
-    def _score_in_workers(self, texts: list[str], truths: list[str]) -> list[_Result]:
+    def _score_in_workers(self, texts: list[str], truths: list[str], rows: list[dict[str, Any]]) -> list[Grade]:
         """Hand out chunks of samples to idle workers until every sample has a result,
         failing (and replacing the worker of) any sample that runs past the timeout."""
-        results: list[_Result | None] = [None] * len(texts)
+        results: list[Grade | None] = [None] * len(texts)
         todo = deque(range(len(texts)))
         while todo or any(w.pending for w in self._workers):
-            self._dispatch(todo, texts, truths)
+            self._dispatch(todo, texts, truths, rows)
             busy = [w for w in self._workers if w.pending]
             if not busy:
                 continue
@@ -179,7 +177,7 @@ class RewardPool:
                     self._replace(worker, results, todo, self._timeout_error())
         return results
 
-    def _dispatch(self, todo: deque[int], texts: list[str], truths: list[str]) -> None:
+    def _dispatch(self, todo: deque[int], texts: list[str], truths: list[str], rows: list[dict[str, Any]]) -> None:
         """Split what is left evenly over the idle workers; a worker that cannot be sent to
         is replaced and its samples stay in ``todo``."""
         idle = [w for w in self._workers if not w.pending]
@@ -188,7 +186,7 @@ class RewardPool:
                 return
             chunk = [todo.popleft() for _ in range(math.ceil(len(todo) / (len(idle) - k)))]
             try:
-                worker.conn.send([(i, texts[i], truths[i]) for i in chunk])
+                worker.conn.send([(i, texts[i], truths[i], rows[i]) for i in chunk])
             except OSError:
                 todo.extendleft(reversed(chunk))
                 self._swap(worker)
@@ -196,22 +194,22 @@ class RewardPool:
             worker.pending.extend(chunk)
             worker.deadline = time.monotonic() + self.timeout_s
 
-    def _receive(self, worker: _Worker, results: list[_Result | None], todo: deque[int]) -> None:
+    def _receive(self, worker: _Worker, results: list[Grade | None], todo: deque[int]) -> None:
         """Store every result the worker has sent; a worker that died fails its current sample."""
         try:
             while worker.pending and worker.conn.poll():
-                index, *result = worker.conn.recv()
-                results[index] = tuple(result)
+                index, grade = worker.conn.recv()
+                results[index] = grade
                 worker.pending.popleft()
                 worker.deadline = time.monotonic() + self.timeout_s
         except (EOFError, OSError):
             worker.proc.join(timeout=1.0)
             self._replace(worker, results, todo, f"reward worker died (exit code {worker.proc.exitcode})")
 
-    def _replace(self, worker: _Worker, results: list[_Result | None], todo: deque[int], error: str) -> None:
+    def _replace(self, worker: _Worker, results: list[Grade | None], todo: deque[int], error: str) -> None:
         """Fail the sample ``worker`` is on with ``error``, requeue the rest of its chunk and
         put a new worker in its place."""
-        results[worker.pending.popleft()] = (FAILURE_SCORE, False, True, error)
+        results[worker.pending.popleft()] = failed_grade(error)
         todo.extendleft(reversed(worker.pending))
         self._swap(worker)
 
@@ -219,24 +217,16 @@ class RewardPool:
         worker.stop(kill=True)
         self._workers[self._workers.index(worker)] = self._new_worker()
 
-    def _collect(self, results: list[_Result]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
-        """Tensors and error lines from per-sample results; counts failures in a row."""
-        errors = []
-        for index, (_, _, failed, error) in enumerate(results):
-            if not failed:
+    def _collect(self, results: list[Grade]) -> Grades:
+        """The batch of grades; counts failures in a row."""
+        for grade in results:
+            if not grade.failed:
                 self.consecutive_failures = 0
                 continue
-            errors.append(f"sample {index}: {error}")
             self.consecutive_failures += 1
             if self.consecutive_failures > self.max_consecutive_failures:
                 raise RewardFailureError(
-                    f"reward function {self.fn_spec!r}: {self.consecutive_failures} samples in a row failed "
-                    f"(more than max_consecutive_failures={self.max_consecutive_failures}); last error: {error}"
+                    f"reward function {self.reward.fn!r}: {self.consecutive_failures} samples in a row failed "
+                    f"(more than max_consecutive_failures={self.max_consecutive_failures}); last error: {grade.error}"
                 )
-        scores, accs, failed, _ = zip(*results) if results else ((), (), (), ())
-        return (
-            torch.tensor(scores, dtype=torch.float32),
-            torch.tensor(accs, dtype=torch.bool),
-            torch.tensor(failed, dtype=torch.bool),
-            errors,
-        )
+        return Grades.of(results)

@@ -283,12 +283,14 @@ _ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask"
 
 def _scored_state(s: ScoredBatch) -> dict:
     return {"rollout": {k: getattr(s.rollout, k).cpu() for k in _ROLLOUT_TENSORS}, "prompts": [asdict(p) for p in s.prompts],
-            "texts": list(s.texts), "scores": s.scores.cpu(), "acc": s.acc.cpu(), "failed": s.failed.cpu()}
+            "texts": list(s.texts), "scores": s.scores.cpu(), "acc": s.acc.cpu(), "failed": s.failed.cpu(),
+            "preds": list(s.preds), "extras": list(s.extras)}
 
 
 def _scored_from_state(state: dict) -> ScoredBatch:
     return ScoredBatch(RolloutBatch(**state["rollout"]), [Prompt(**p) for p in state["prompts"]], state["texts"],
-                       state["scores"], state["acc"], state["failed"])
+                       state["scores"], state["acc"], state["failed"], preds=state.get("preds", []),
+                       extras=state.get("extras", []))
 
 
 class SyncSource:

@@ -125,7 +125,7 @@ def test_load_custom_reward_fn(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("mathverify", r"'mathverify': unknown name; expected 'dapo', 'boxed', 'math_verify' or an import path"),
+        ("mathverify", r"'mathverify': unknown name; expected 'dapo', 'boxed', 'gsm8k', 'math_verify', 'code' or an import path"),
         ("no_such_module_xyz:fn", r"'no_such_module_xyz:fn': cannot import module 'no_such_module_xyz'"),
         (":fn", r"unknown name"),
         ("module:", r"unknown name"),
@@ -153,7 +153,8 @@ def test_score_batch_marks_failures():
         return dapo_score(response, truth)
 
     texts = ["Answer: 1", "raise", "Answer: 2", "list", "noscore", "nan", "text", "noacc"]
-    scores, acc, failed, errors = score_batch(flaky, texts, ["1"] * len(texts))
+    g = score_batch(flaky, texts, ["1"] * len(texts))
+    scores, acc, failed, errors = g.scores, g.acc, g.failed, g.errors
     assert scores.dtype == torch.float32 and acc.dtype == torch.bool and failed.dtype == torch.bool
     assert scores.tolist() == [1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, 0.5]
     assert acc.tolist() == [True, False, False, False, False, False, False, True]
@@ -165,7 +166,8 @@ def test_score_batch_marks_failures():
 
 
 def test_score_batch_empty_and_length_mismatch():
-    scores, acc, failed, errors = score_batch(dapo_score, [], [])
+    g = score_batch(dapo_score, [], [])
+    scores, acc, failed, errors = g.scores, g.acc, g.failed, g.errors
     assert scores.shape == acc.shape == failed.shape == (0,) and errors == []
     with pytest.raises(ValueError, match="2 texts but 1 ground truths"):
         score_batch(dapo_score, ["a", "b"], ["1"])

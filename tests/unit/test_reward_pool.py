@@ -41,9 +41,9 @@ def child_pids() -> set[int]:
 
 
 def assert_same(got, expected) -> None:
-    for g, e in zip(got[:3], expected[:3]):
-        assert torch.equal(g, e)
-    assert got[3] == expected[3]
+    for name in ("scores", "acc", "failed"):
+        assert torch.equal(getattr(got, name), getattr(expected, name))
+    assert (got.errors, got.preds, got.extras) == (expected.errors, expected.preds, expected.extras)
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
@@ -53,8 +53,9 @@ def test_scores_equal_score_batch(flaky, workers):
         got = pool.score(TEXTS, TRUTHS)
         assert_same(got, expected)
         assert_same(pool.score(TEXTS, TRUTHS), expected)
-    assert got[3] == ["sample 2: ValueError: bad input"]
-    assert got[2].tolist() == [False, False, True, False, False]
+    assert got.errors == ["sample 2: ValueError: bad input"]
+    assert got.failed.tolist() == [False, False, True, False, False]
+    assert got.preds == ["1", "5", "[INVALID]", "[INVALID]", "4"]
 
 
 def test_timeout_sample_fails_while_the_others_are_scored(flaky):
@@ -63,14 +64,15 @@ def test_timeout_sample_fails_while_the_others_are_scored(flaky):
     with RewardPool(flaky, workers=1, timeout_s=0.3) as pool:
         workers_before = child_pids()
         began = time.monotonic()
-        scores, acc, failed, errors = pool.score(texts, truths)
+        g = pool.score(texts, truths)
+        scores, acc, failed, errors = g.scores, g.acc, g.failed, g.errors
         assert time.monotonic() - began < 5
         assert failed.tolist() == [False, True, False, False]
         assert errors == ["sample 1: timeout after 0.3s"]
         assert scores.tolist() == [1.0, -1.0, 1.0, -1.0] and acc.tolist() == [True, False, True, False]
         replaced = child_pids()
         assert len(replaced) == len(workers_before) and replaced != workers_before  # the stuck worker was replaced
-        assert pool.score(["Answer: 2"], ["2"])[0].tolist() == [1.0]
+        assert pool.score(["Answer: 2"], ["2"]).scores.tolist() == [1.0]
 
 
 def test_consecutive_failures_across_calls_raise(flaky):

@@ -52,8 +52,8 @@ def test_math_verify_outside_the_main_thread_still_scores():
 
 def test_math_verify_in_reward_worker_processes():
     with RewardPool("math_verify", workers=1, timeout_s=30) as pool:
-        scores, acc, failed, _ = pool.score(["\\boxed{\\dfrac{1}{2}}", "Answer: 3"], ["0.5", "4"])
-    assert acc.tolist() == [True, False] and scores.tolist() == [1.0, -1.0] and not failed.any()
+        g = pool.score(["\\boxed{\\dfrac{1}{2}}", "Answer: 3"], ["0.5", "4"])
+    assert g.acc.tolist() == [True, False] and g.scores.tolist() == [1.0, -1.0] and not g.failed.any()
 
 
 def test_a_missing_math_verify_is_an_input_error_naming_the_extra(monkeypatch):

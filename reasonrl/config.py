@@ -80,13 +80,19 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "embedded"
-    """'embedded' (generated arithmetic tasks) or a .jsonl / .parquet file path."""
-    test_source: str = ""
-    """Held-out file for validation; empty: the embedded test split, or the first
-    ``eval.n_prompts`` rows of ``source`` are held out when a file is given."""
+    source: str | tuple[str, ...] = "embedded"
+    """'embedded' (generated arithmetic tasks), or the training data: a .jsonl, .json (an array
+    of row objects, or JSON lines), .parquet or .arrow file, a directory written by Hugging Face
+    datasets' save_to_disk (a DatasetDict's 'train' split; DIR:SPLIT names another), a glob
+    pattern, or a list of these (their rows in order)."""
+    test_source: str | tuple[str, ...] = ""
+    """The held-out data, in any form data.source takes (a DatasetDict's 'test' or 'validation'
+    split unless DIR:SPLIT names one), also beside data.source=embedded. Empty: the embedded
+    test split; the 'test' or 'validation' split of a DatasetDict given as data.source; else
+    data.holdout distinct prompts of data.source, all their copies taken out of training."""
     seed: int = 0
-    """Seeds the embedded train/test problems (independent of run.seed, so runs compare on one test set)."""
+    """Seeds the embedded train/test problems and the pick of data.holdout (independent of run.seed,
+    so runs compare on one test set)."""
     families: tuple[str, ...] = ("add", "mul", "sum")
     """Embedded task families to draw from."""
     train_size: int = 20000
@@ -94,9 +100,23 @@ class DataConfig:
     test_size: int = 256
     """Number of embedded held-out problems (disjoint from the training split)."""
     prompt_key: str = "prompt"
-    """JSONL field holding the problem text (a string or chat messages)."""
+    """Field (column) holding the problem: a string, a list of chat messages, or a string
+    holding a JSON list of messages; a dotted path reaches into nested fields."""
     answer_key: str = "ground_truth"
-    """JSONL field holding the reference answer."""
+    """Field holding the reference answer (a dotted path; falls back to reward_model.ground_truth,
+    the verl layout); numbers become strings."""
+    id_key: str = ""
+    """Field holding the row's id; empty: 'id', else extra_info.index (verl), else the row number."""
+    source_key: str = ""
+    """Field naming the row's data source (reward.by_source and val/acc/SOURCE use it); empty:
+    'data_source', else 'source', else 'tag', else the file's name."""
+    dedupe: bool = False
+    """Drop the rows of data files whose prompt (its text, whitespace collapsed) repeats an
+    earlier row's, keeping the first (the released DAPO-Math-17k repeats each prompt)."""
+    holdout: int = 0
+    """Without data.test_source: the distinct prompts of data.source held out for validation
+    (one row each; their copies are never trained on), picked by a hash of the prompt text
+    seeded by data.seed; 0: eval.n_prompts. At most half of the distinct prompts."""
     max_prompt_len: int = 64
     """Prompts longer than this many tokens are an error naming the row."""
 

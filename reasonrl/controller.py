@@ -32,7 +32,8 @@ from reasonrl.checkpoint import CheckpointWriteError, ProcessRNG, StateRegistry,
 from reasonrl.config import Config, config_hash, dump
 from reasonrl.data.model import load_tokenizer
 from reasonrl.data.sft import resolve_model_dir
-from reasonrl.data.splits import load_splits, tokenize_prompts
+from reasonrl.data.sources import source_name
+from reasonrl.data.splits import read_splits, tokenize_prompts
 from reasonrl.errors import InputError, LimitError, ResumeError, error_line
 from reasonrl.evaluation import Evaluator
 from reasonrl.loggers import check_loggers, open_loggers
@@ -114,10 +115,12 @@ class Controller:
         self.model_dir = resolve_model_dir(cfg, log)
         self.tokenizer = load_tokenizer(self.model_dir)
         self.pad_id = self.tokenizer.pad_token_id
-        train, test = load_splits(cfg)
+        splits = read_splits(cfg)
+        train, test = splits.train, splits.test
+        log(f"data: {splits.description}")
         limit = cfg.data.max_prompt_len
-        train_ids = tokenize_prompts(train, self.tokenizer, limit, cfg.data.source)
-        test_ids = tokenize_prompts(test, self.tokenizer, limit, cfg.data.test_source or cfg.data.source)
+        train_ids = tokenize_prompts(train, self.tokenizer, limit, splits.train_from)
+        test_ids = tokenize_prompts(test, self.tokenizer, limit, splits.test_from)
         self.fingerprint = data_fingerprint(train)
         self.step_count = 0
         self.version = 0
@@ -420,6 +423,8 @@ class Controller:
             stop.restore()
             sink.close()
             prompts.close()
+            if samples is not None:
+                samples.close()
             self.close()
         if self.step_count >= cfg.train.total_steps:
             if self.updates_applied == 0:

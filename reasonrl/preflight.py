@@ -9,8 +9,10 @@ runs only them. In order:
 
 1. the run directory: usable (nothing is created), and what it holds: nothing yet, a run to
    resume from its newest valid checkpoint, or a complete run;
-2. the prompt files exist (checked before torch is imported), then parse into the splits;
-3. the reward function resolves (``reward.fn``), and the packages of ``run.loggers`` import;
+2. the data paths exist (checked before torch is imported), then parse into the training and
+   held-out splits (the plan says how the held-out one was made);
+3. the reward functions resolve (``reward.fn``, ``reward.by_source``, ``reward.format``), and
+   the packages of ``run.loggers`` import;
 4. the model: ``model.path`` is a Hugging Face model directory with a tokenizer, or the
    embedded warm start (cached, or trained first);
 5. ``run.device`` is usable with this torch build;
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reasonrl.config import Config, config_hash, load
-from reasonrl.errors import InputError, InputNotFound, RunDirError
+from reasonrl.errors import InputError, RunDirError
 
 @dataclass(frozen=True)
 class RunState:
@@ -55,6 +57,10 @@ class Plan:
     """Tokens of the longest training or held-out prompt."""
     context: int
     """The model's max_position_embeddings."""
+    reward: str = ""
+    """The reward functions, by data source, and the format reward."""
+    data: str = ""
+    """The data sources, the split sizes and how the held-out split was made (``Splits.description``)."""
 
     def describe(self) -> str:
         """A few lines for the console."""
@@ -69,9 +75,8 @@ class Plan:
             + (f", KL {a.kl_loss_coef} ({a.kl_kind})" if a.kl_loss_coef else ""),
             f"steps        {t.total_steps} x {t.prompts_per_step} prompts x {r.n} samples, lr {t.lr}, "
             f"rollout {r.mode} on {r.backend}",
-            f"data         {c.data.source}: {self.train_prompts} training prompts, {self.test_prompts} held out"
-            + (f" ({c.data.test_source})" if c.data.test_source else ""),
-            f"reward       {c.reward.fn}",
+            f"data         {self.data}",
+            f"reward       {self.reward or c.reward.fn}",
             f"model        {self.model} on {c.run.device} ({c.model.dtype})",
             f"context      longest prompt {self.longest_prompt} + rollout.max_new_tokens {r.max_new_tokens} "
             f"<= {self.context} tokens",
@@ -83,12 +88,11 @@ def preflight(cfg: Config) -> Plan:
     """Check ``cfg`` in the order of the module docstring; the Plan of what would run."""
     state = run_state(cfg)
     check_data_files(cfg)
-    from reasonrl.data.splits import load_splits
+    from reasonrl.data.splits import read_splits
 
-    train, test = load_splits(cfg)
-    from reasonrl.reward import load_reward_fn
-
-    load_reward_fn(cfg.reward.fn)
+    splits = read_splits(cfg)
+    train, test = splits.train, splits.test
+    reward = reward_line(cfg, train + test)
     from reasonrl.loggers import check_loggers
 
     check_loggers(cfg.run.loggers)
@@ -103,7 +107,25 @@ def preflight(cfg: Config) -> Plan:
             f"rollout.max_new_tokens = {cfg.rollout.max_new_tokens}: the longest prompt has {longest} tokens, and "
             f"{longest} + {cfg.rollout.max_new_tokens} exceeds the model's context of {context} tokens "
             f"(max_position_embeddings of {model}); lower rollout.max_new_tokens or data.max_prompt_len")
-    return Plan(cfg, state, len(train), len(test), model, longest, context)
+    return Plan(cfg, state, len(train), len(test), model, longest, context, reward, splits.description)
+
+
+def reward_line(cfg: Config, prompts: list) -> str:
+    """What grades the run (every function resolved, InputError otherwise): ``reward.fn``, then
+    each ``reward.by_source`` entry with its row count ("no rows" when the data has no such
+    source), then the format reward."""
+    from collections import Counter
+
+    from reasonrl.reward.base import Grader, parse_by_source
+
+    Grader.from_config(cfg.reward)
+    counts = Counter(p.data_source for p in prompts)
+    r = cfg.reward
+    parts = [r.fn if not r.by_source else f"{r.fn} (other sources)"]
+    parts += [f"{source}: {spec} ({counts[source] or 'no'} rows)" for source, spec in parse_by_source(r.by_source).items()]
+    if r.format:
+        parts.append(f"+{r.format_score} for format {r.format!r}")
+    return "; ".join(parts)
 
 
 def run_state(cfg: Config) -> RunState:
@@ -134,13 +156,15 @@ def same_run(cfg: Config) -> bool:
 
 
 def check_data_files(cfg: Config) -> None:
-    """InputNotFound naming the key when data.source or data.test_source is not a file
-    (before any heavy import: a mistyped path fails at once)."""
+    """InputNotFound / InputError naming the key when a path of data.source or data.test_source
+    does not exist or is nothing prompts are read from (``reasonrl.data.sources``: before any
+    heavy import, so a mistyped path fails at once)."""
+    from reasonrl.data.sources import entries, locate
+
     for key, value in (("data.source", cfg.data.source), ("data.test_source", cfg.data.test_source)):
-        if value and value != "embedded" and not Path(value).is_file():
-            where = "is a directory, not a prompt file" if Path(value).is_dir() else "no such file"
-            raise InputNotFound(f"{key} = {value!r}: {where} (expected a .jsonl or .parquet prompt file"
-                                f"{', or embedded' if key == 'data.source' else ''})")
+        for text in entries(value, key):
+            if not (key == "data.source" and text == "embedded"):
+                locate(text, key)
 
 
 def _check_creatable(run_dir: Path) -> None:

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reasonrl.types import RolloutBatch
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+"""The real public data files beside the checkout (../shared/data)."""
+
+
+def shared(name: str) -> str:
+    """The path of ``../shared/data/<name>``; the test is skipped when the file is absent."""
+    file = SHARED_DATA / name
+    if not file.is_file():
+        pytest.skip(f"{file} is absent")
+    return str(file)
 
 PAD, EOS, VOCAB = 0, 1, 32
 

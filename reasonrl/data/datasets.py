@@ -1,49 +1,90 @@
-"""Prompt files: JSONL (ROLL layout, or verl layout one object a line) and verl/DAPO parquet.
+"""Prompt data in the layouts users bring, read by one loader into ``Prompt`` rows.
 
-Every row becomes a ``Prompt``:
+    prompts = load_prompts("data/dapo-math-17k.parquet", answer_key="reward_model.ground_truth")
 
-- ``text``: the value under ``prompt_key``; a list of chat messages, or a string that
+Formats (``reasonrl.data.sources`` says where a path points; pyarrow reads the tables, so
+Hugging Face ``datasets`` is not needed):
+
+- ``.jsonl``: one JSON object a line (ROLL's layout, or verl rows);
+- ``.json``: a JSON array of row objects, or JSON lines (what ``Dataset.to_json`` writes);
+- ``.parquet``: verl/DAPO parquet, nested ``reward_model`` and ``extra_info`` columns included;
+- ``.arrow``: an Arrow IPC stream (as ``datasets`` writes its shards) or file;
+- a directory written by ``Dataset.save_to_disk`` (its shards in the order state.json lists
+  them), or by ``DatasetDict.save_to_disk`` with the split that ``DIR:SPLIT`` names, else the
+  first of ``prefer`` it holds, else its only split.
+
+Every row becomes a ``Prompt`` through the column mapping (``data.prompt_key``,
+``data.answer_key``, ``data.id_key``, ``data.source_key``):
+
+- ``text``: the value under the prompt key; a list of chat messages, or a string that
   parses as a JSON list of messages (ROLL's ``messages`` column), stays a message list,
   any other string is the prompt text.
-- ``ground_truth``: the value under ``answer_key`` (a dotted path such as
+- ``ground_truth``: the value under the answer key (a dotted path such as
   ``reward_model.ground_truth``), falling back to ``reward_model.ground_truth`` (verl
   layout); numbers become strings (an integral float ``3.0`` becomes ``"3"``).
-- ``id``: the row's ``id``, else ``extra_info.index`` (verl), else the 0-based row number.
-- ``data_source``: ``data_source``, else ``source``, else ``tag``, else the file's stem.
+- ``id``: the value under the id key; without one, the row's ``id``, else
+  ``extra_info.index`` (verl), else the 0-based row number.
+- ``data_source``: the value under the source key; without one, ``data_source``, else
+  ``source``, else ``tag``, else the file's (or dataset directory's) name.
 - ``extra``: every other top-level field (pandas index columns are dropped).
 
-Errors name the file, the 1-based line (JSONL) or row (parquet), the field and what was expected.
+Errors name the file, the 1-based line (JSONL, JSON lines) or row (the other formats; the
+shard file for a saved dataset), the field and what was expected.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from reasonrl.data.sources import TRAIN_SPLITS, Location, locate, pick_split, read_json
 from reasonrl.errors import InputError, InputNotFound
 from reasonrl.types import Prompt
 
-SUFFIXES = (".jsonl", ".parquet")
 VERL_ANSWER_KEY = "reward_model.ground_truth"
 _SOURCE_KEYS = ("data_source", "source", "tag")
+_PANDAS_INDEX = "__index_level_"
+"""The prefix of the index columns pandas writes into parquet, which no row means as data."""
 _MISSING = object()
 
 
-def load_prompts(path: str, prompt_key: str = "prompt", answer_key: str = "ground_truth") -> list[Prompt]:
-    """All prompts of a ``.jsonl`` or ``.parquet`` file, in file order."""
-    file = Path(path)
-    if file.suffix not in SUFFIXES:
-        raise InputError(f"{file}: unsupported file type {file.suffix!r}; expected one of {', '.join(SUFFIXES)}")
-    if not file.is_file():
-        raise InputNotFound(f"{file}: no such prompt file")
-    rows = _jsonl_rows(file) if file.suffix == ".jsonl" else _parquet_rows(file)
+@dataclass(frozen=True)
+class _Columns:
+    """The column mapping: where a row keeps each part of its Prompt ('' for id and source:
+    the defaults of the module docstring)."""
+
+    prompt: str
+    answer: str
+    id: str
+    source: str
+
+
+def load_prompts(
+    path: str,
+    prompt_key: str = "prompt",
+    answer_key: str = "ground_truth",
+    id_key: str = "",
+    source_key: str = "",
+    prefer: tuple[str, ...] = TRAIN_SPLITS,
+) -> list[Prompt]:
+    """All prompts at ``path`` (a file, a saved dataset directory or ``DIR:SPLIT``), in order.
+
+    ``prefer``: the DatasetDict splits to read, in order, when the path names none
+    (``sources.TRAIN_SPLITS`` or ``sources.TEST_SPLITS``); the keys are the column mapping of
+    the module docstring. InputError / InputNotFound naming the file, row and field.
+    """
+    location = locate(path)
+    columns = _Columns(prompt_key, answer_key, id_key, source_key)
+    saved = location.kind in ("dataset", "dataset_dict")
+    stem = location.path.name if saved else location.path.stem
     prompts = [
-        _to_prompt(row, index, f"{file} {where}", prompt_key, answer_key, file.stem)
-        for index, (where, row) in enumerate(rows)
+        _to_prompt(row, index, where, columns, stem)
+        for index, (where, row) in enumerate(_rows(location, prefer))
     ]
     if not prompts:
-        raise InputError(f"{file}: the file has no rows; expected at least one prompt")
+        raise InputError(f"{location.path}: the {'dataset' if saved else 'file'} has no rows; expected at least one prompt")
     return prompts
 
 
@@ -62,49 +103,119 @@ def render_prompt(prompt: Prompt, tokenizer: Any) -> str:
     return "\n".join(lines + ["assistant: "])
 
 
-def _jsonl_rows(file: Path) -> Iterator[tuple[str, Any]]:
-    """``("line N", object)`` for each non-blank line."""
+def _rows(location: Location, prefer: tuple[str, ...]) -> Iterator[tuple[str, Any]]:
+    """``(where, row)`` for each row at ``location``; ``where`` names the file and the line or row."""
+    file = location.path
+    if location.kind == "jsonl":
+        return _json_lines(file, "one JSON object per line")
+    if location.kind == "json":
+        return _json_rows(file)
+    if location.kind == "parquet":
+        return _table_rows(file, _read_parquet(file))
+    if location.kind == "arrow":
+        return _table_rows(file, _read_arrow(file))
+    directory = file / pick_split(location, prefer) if location.kind == "dataset_dict" else file
+    return _dataset_rows(directory)
+
+
+def _json_lines(file: Path, expected: str) -> Iterator[tuple[str, Any]]:
+    """``("FILE line N", object)`` for each non-blank line."""
     with file.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            where = f"line {lineno}"
+            where = f"{file} line {lineno}"
             try:
                 yield where, json.loads(raw)
             except ValueError as e:
-                message = f"{file} {where}: invalid JSON ({e}); expected one JSON object per line"
-                raise InputError(message) from None
+                raise InputError(f"{where}: invalid JSON ({e}); expected {expected}") from None
 
 
-def _parquet_rows(file: Path) -> Iterator[tuple[str, Any]]:
-    """``("row N", dict)`` for each row, 1-based, without pandas index columns."""
+def _json_rows(file: Path) -> Iterator[tuple[str, Any]]:
+    """A ``.json`` file: ``("FILE row N", item)`` of a JSON array, else its JSON lines."""
+    data = file.read_bytes()
+    if not data.lstrip().startswith(b"["):
+        yield from _json_lines(file, "a JSON array of row objects, or one JSON object per line")
+        return
+    try:
+        items = json.loads(data)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{file} line {e.lineno}: invalid JSON ({e.msg}); expected a JSON array of row objects") from None
+    except ValueError as e:
+        raise InputError(f"{file}: invalid JSON ({e}); expected a JSON array of row objects") from None
+    for number, item in enumerate(items, start=1):
+        yield f"{file} row {number}", item
+
+
+def _read_parquet(file: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(file)
+        return pq.read_table(file)
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{file}: cannot read as parquet ({e})") from None
-    keep = [name for name in table.column_names if not name.startswith("__index_level_")]
-    for number, row in enumerate(table.select(keep).to_pylist(), start=1):
-        yield f"row {number}", row
 
 
-def _to_prompt(row: Any, index: int, where: str, prompt_key: str, answer_key: str, stem: str) -> Prompt:
+def _read_arrow(file: Path):
+    """An Arrow IPC stream (what datasets writes) or IPC file, read whole."""
+    import pyarrow as pa
+
+    try:
+        buffer = pa.py_buffer(file.read_bytes())
+        try:
+            return pa.ipc.open_stream(buffer).read_all()
+        except pa.ArrowInvalid:
+            return pa.ipc.open_file(buffer).read_all()
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{file}: cannot read as Arrow IPC, stream or file ({e})") from None
+
+
+def _table_rows(file: Path, table) -> Iterator[tuple[str, dict]]:
+    """``("FILE row N", dict)`` for each row, 1-based."""
+    for number, row in enumerate(table.to_pylist(), start=1):
+        yield f"{file} row {number}", row
+
+
+def _dataset_rows(directory: Path) -> Iterator[tuple[str, dict]]:
+    """The rows of a saved Dataset directory: its shards in the order its state.json lists them."""
+    state_file = directory / "state.json"
+    if not state_file.is_file():
+        raise InputNotFound(f"{directory}: no state.json; expected a directory written by datasets' save_to_disk")
+    state = read_json(state_file)
+    files = state.get("_data_files") if isinstance(state, dict) else None
+    if not (isinstance(files, list) and all(isinstance(f, dict) and isinstance(f.get("filename"), str) for f in files)):
+        raise InputError(f"{state_file}: expected \"_data_files\": [{{\"filename\": ...}}] as datasets' save_to_disk writes it")
+    for entry in files:
+        shard = directory / entry["filename"]
+        if not shard.is_file():
+            raise InputNotFound(f"{state_file}: lists {entry['filename']}, which is not there")
+        yield from _table_rows(shard, _read_arrow(shard))
+
+
+def _to_prompt(row: Any, index: int, where: str, columns: _Columns, stem: str) -> Prompt:
     if not isinstance(row, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    text = _prompt_text(_field(row, prompt_key, where, ()), where, prompt_key)
-    answer_keys = (answer_key,) if answer_key == VERL_ANSWER_KEY else (answer_key, VERL_ANSWER_KEY)
+    text = _prompt_text(_field(row, columns.prompt, where, ()), where, columns.prompt)
+    answer_keys = (columns.answer,) if columns.answer == VERL_ANSWER_KEY else (columns.answer, VERL_ANSWER_KEY)
     used_key, answer = _first_field(row, answer_keys, where)
     ground_truth = _ground_truth(answer, where, used_key)
-    source_key = next((k for k in _SOURCE_KEYS if isinstance(row.get(k), str)), None)
-    consumed = {prompt_key, used_key, "id", source_key}
+    row_id = _field(row, columns.id, where, ()) if columns.id else _row_id(row, index)
+    if columns.source:
+        source_key, source = columns.source, _field(row, columns.source, where, ())
+        if not isinstance(source, str):
+            raise InputError(f"{where}: field {source_key!r} is a {type(source).__name__} ({_short(source)}); "
+                             "expected a string naming the data source")
+    else:
+        source_key = next((k for k in _SOURCE_KEYS if isinstance(row.get(k), str)), None)
+        source = row[source_key] if source_key else stem
+    consumed = {columns.prompt, used_key, columns.id or "id", source_key}
     return Prompt(
-        id=str(_row_id(row, index)),
+        id=str(row_id),
         text=text,
         ground_truth=ground_truth,
-        data_source=row[source_key] if source_key else stem,
-        extra={k: v for k, v in row.items() if k not in consumed},
+        data_source=source,
+        extra={k: v for k, v in row.items() if k not in consumed and not k.startswith(_PANDAS_INDEX)},
     )
 
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from reasonrl.reward import boxed_score, dapo_score, load_reward_fn, normalize_final_answer, score_batch
-
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+from tests.conftest import SHARED_DATA as DATA
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,11 @@
     reasonrl train dapo --dry-run                check config, data, reward, model, device, context; print the plan
     reasonrl config [RECIPE] [key=value ...]     the resolved config as YAML; --keys: every key with type, default, help
     reasonrl sft [RECIPE] [key=value ...]        build (or find) the cached warm start
-    reasonrl eval RECIPE [key=value ...]         held-out accuracy of model.path (or a run's final/)
+    reasonrl eval [RECIPE] [--model DIR] [--data FILE] [key=value ...]   mean@k, pass@k, maj@k, greedy accuracy
     reasonrl demo [key=value ...]                the embedded example end to end, then a report
     reasonrl export RUN_DIR [--step N] OUT       a run's policy as a Hugging Face model directory
     reasonrl report RUN_DIR [RUN_DIR ...]        PNG plots and report.html comparing runs
+    reasonrl samples RUN_DIR [--step N] [--wrong|--right]   the prompts, responses and rewards a run kept
     reasonrl drill [--steps N] [key=value ...]   one fault of each kind on the demo: detection, recovery, ETTR
 
 Exit codes: 0 done (also a complete run started again); 1 a failure the supervisor could not recover from; 2 bad usage or input, or
@@ -98,10 +99,19 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from reasonrl.evaluation import evaluate
+    """Evaluate models (--model, default model.path) on datasets (--data, default the held-out
+    split): a table on stdout (--json: one JSON object), every sample to a JSONL file."""
+    from reasonrl.evaluation import default_samples_path, evaluate_models, format_table, results_json
 
     cfg = load(_recipe(args.recipe), args.overrides)
-    print(json.dumps({k: round(v, 4) for k, v in evaluate(cfg).items()}))
+    out = Path(args.out) if args.out else default_samples_path()
+    evaluations = evaluate_models(cfg, args.model, args.data, out, args.step, args.source, args.limit)
+    results = results_json(cfg, evaluations, out)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(format_table(results))
+        print(f"samples: {out}")
     return 0
 
 
@@ -194,6 +204,29 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_samples(args: argparse.Namespace) -> int:
+    """The samples a run kept (RUN_DIR/samples.jsonl), filtered by step, split and correctness."""
+    from reasonrl.samples import format_samples, read_samples
+
+    path = Path(args.run_dir) / "samples.jsonl"
+    if not path.is_file():
+        raise InputError(f"{path}: no such file; the run kept no samples (run.keep_samples=0, or it has not "
+                         "finished a step)")
+    correct = True if args.right else False if args.wrong else None
+    records = read_samples(path, args.step, args.split, correct)
+    if args.step is None and records:  # the newest step that has any
+        newest = max(r["step"] for r in records)
+        records = [r for r in records if r["step"] == newest]
+    records = records[: args.limit] if args.limit else records
+    if args.json:
+        print("\n".join(json.dumps(r) for r in records))
+    elif records:
+        print(format_samples(records))
+    else:
+        print(f"{path}: no samples match", file=sys.stderr)
+    return 0
+
+
 class _HelpWithKeys(argparse.Action):
     """``-h``: the command's help, then every config key with its type, default and the first
     line of its help (``reasonrl config --keys`` prints the whole help)."""
@@ -220,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"reasonrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, fn, needs_recipe in (("train", cmd_train, True), ("sft", cmd_sft, False), ("eval", cmd_eval, True),
+    for name, fn, needs_recipe in (("train", cmd_train, True), ("sft", cmd_sft, False), ("eval", cmd_eval, False),
                                    ("config", cmd_config, False)):
         p = sub.add_parser(name, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("-h", "--help", action=_HelpWithKeys, help="show this help and every config key, then exit")
@@ -234,6 +267,21 @@ def main(argv: list[str] | None = None) -> int:
                                 "print what would run, and exit (nothing is loaded or written)")
         if name == "config":
             p.add_argument("--keys", action="store_true", help="list every key with its type, default and help")
+        if name == "eval":
+            p.add_argument("--model", action="append", default=[], metavar="PATH",
+                           help="a Hugging Face model directory, or a run directory (its final/; with --step N its "
+                                "checkpoint); repeat for several (default: model.path)")
+            p.add_argument("--step", type=int, default=None, help="evaluate the run directories' checkpoints/step_N")
+            p.add_argument("--data", action="append", default=[], metavar="FILE",
+                           help="a dataset any data.source takes (a DatasetDict: its test split); repeat for several "
+                                "(default: the held-out split of data.*)")
+            p.add_argument("--source", action="append", default=[], metavar="NAME",
+                           help="only rows of this data_source (e.g. MATH-500); repeatable")
+            p.add_argument("--limit", type=int, default=None, metavar="N", help="the first N rows of each dataset "
+                           "(default: every row)")
+            p.add_argument("--out", default=None, metavar="FILE.jsonl",
+                           help="where every sample goes (default: eval_results/eval-<UTC time>.jsonl)")
+            p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p = sub.add_parser("demo")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_demo)
@@ -251,6 +299,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None)
     p.set_defaults(fn=cmd_report)
+    p = sub.add_parser("samples", help="print the prompts, responses and rewards a run kept")
+    p.add_argument("run_dir", help="the run directory (run.dir)")
+    p.add_argument("--step", type=int, default=None, help="the samples of step N (default: the newest step)")
+    p.add_argument("--split", choices=("train", "val"), default=None, help="training or validation samples (default: both)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--wrong", action="store_true", help="only incorrect samples")
+    which.add_argument("--right", action="store_true", help="only correct samples")
+    p.add_argument("--limit", type=int, default=20, help="at most N samples (0: all; default 20)")
+    p.add_argument("--json", action="store_true", help="one JSON record per line")
+    p.set_defaults(fn=cmd_samples)
     # Positionals may follow flags (`train grpo --no-supervisor a=b`): argparse leaves the
     # later ones over, which belong to the command's positional list.
     args, rest = parser.parse_known_args(argv)
@@ -259,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if rest:
         setattr(args, positional, [*getattr(args, positional), *rest])
-    if args.command in ("sft", "config") and args.recipe and "=" in args.recipe:
+    if args.command in ("sft", "eval", "config") and args.recipe and "=" in args.recipe:
         args.overrides, args.recipe = [args.recipe, *args.overrides], None
     try:
         return args.fn(args)

@@ -60,7 +60,11 @@ class RunConfig:
     sample table; needs the optional wandb package)."""
     log_samples: int = 4
     """Generated samples (prompt, response, reward) sent to the loggers every run.log_every
-    steps; 0: none."""
+    steps, and of each validation (TensorBoard text 'val_samples'); 0: none."""
+    keep_samples: int = 8
+    """Training samples per step written to RUN_DIR/samples.jsonl (prompt, response, answer,
+    reward breakdown; spread over the step's prompts), beside every validation sample
+    (eval.n_prompts x eval.k a validation); 0: no samples file. `reasonrl samples` prints them."""
     wandb_project: str = "reasonrl"
     """W&B project of run.loggers wandb (the run is named after run.dir)."""
     wandb_mode: Literal["offline", "online"] = "offline"
@@ -336,13 +340,24 @@ class EvalConfig:
     every_steps: int = 10
     """Validate every N steps (and before the first and after the last); 0: never."""
     n_prompts: int = 128
-    """Held-out prompts evaluated at each validation."""
+    """Held-out prompts evaluated at each validation during training (the first ones);
+    `reasonrl eval` takes every row (--limit N: the first N of each dataset)."""
     k: int = 4
-    """Samples per held-out prompt for mean accuracy and pass@k."""
+    """Samples per prompt, for mean@k (mean accuracy), pass@k and maj@k (majority vote)."""
     temperature: float = 1.0
-    """Sampling temperature of the k validation samples."""
+    """Sampling temperature of the k samples."""
+    top_p: float = 1.0
+    """Nucleus sampling of the k samples: keep the smallest set of tokens whose probability
+    reaches top_p; 1: off."""
+    top_k: int = 0
+    """Top-k sampling of the k samples; 0: off."""
     greedy: bool = True
-    """Also report greedy accuracy."""
+    """Also report greedy accuracy (one greedy response per prompt)."""
+    max_new_tokens: int = 0
+    """Response length limit of evaluation samples; 0: rollout.max_new_tokens."""
+    batch_prompts: int = 64
+    """Prompts generated together (each with its k samples): the unit of the progress bar
+    and of generation memory. The samples drawn depend on it (one seeded random stream)."""
 
 
 @dataclass(frozen=True)
@@ -608,8 +623,8 @@ def dump_text(cfg: Config) -> str:
     return yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
-LOGGING_KEYS = ("run.dir", "run.progress", "run.log_every", "run.loggers", "run.log_samples", "run.wandb_project",
-                "run.wandb_mode")
+LOGGING_KEYS = ("run.dir", "run.progress", "run.log_every", "run.loggers", "run.log_samples", "run.keep_samples",
+                "run.wandb_project", "run.wandb_mode")
 """Keys that change where and how a run logs, never what it trains (a resume may change them;
 the report folds them away in a config diff)."""
 
@@ -707,6 +722,10 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "eval.n_prompts": _AT_LEAST_1,
     "eval.k": (lambda v: 1 <= v <= 64, "in [1, 64]"),
     "eval.temperature": _POSITIVE,
+    "eval.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "eval.top_k": _NON_NEGATIVE,
+    "eval.max_new_tokens": _NON_NEGATIVE,
+    "eval.batch_prompts": _AT_LEAST_1,
     "checkpoint.every_steps": _NON_NEGATIVE,
     "checkpoint.every_minutes": _NON_NEGATIVE,
     "checkpoint.keep": _AT_LEAST_1,

@@ -45,6 +45,7 @@ from reasonrl.resilience.injection import FaultyHeartbeat, FaultyPolicy, FaultyR
 from reasonrl.resilience.rundir import RunLock, check_run_dir
 from reasonrl.resilience.shards import ShardedRollouts
 from reasonrl.rollout.source import AsyncSource, RolloutProducer, SyncSource
+from reasonrl.samples import sample_records
 from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout, setup_torch
 from reasonrl.types import Prompt, ScoredBatch, TrainBatch
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker, trainer_numerics
@@ -148,8 +149,10 @@ class Controller:
         self.watchdog = self.heartbeat = None
         self.last_record: dict[str, list] = {}
         """The prompt record of the last step (``prompts.jsonl``): draws made, trained, stale."""
-        self.last_samples: list[Sample] = []
-        """Decoded samples of the last step for the loggers (on logging steps only, else none)."""
+        self.last_samples: list[dict] = []
+        """Sample records of the last step's batch (:mod:`reasonrl.samples`)."""
+        self.val_samples: list[dict] = []
+        """Sample records of the last validation, every one."""
 
         policy = PolicyWorker(cfg, self.model_dir)
         self.policy = LocalGroup([FaultyPolicy(policy, self.faults, clock) if "nan" in kinds else policy])
@@ -271,6 +274,7 @@ class Controller:
         metrics.update(t)
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / t["timing_s/step"]
         self.last_samples = self.samples(step, scored)
+        metrics.update(reward_extras(scored))
         if self.shards is not None:
             metrics.update(self.shards.shares)
         # Time per trained token: skipped rows (train.skip_zero_advantage) cost nothing.
@@ -278,13 +282,12 @@ class Controller:
         self.step_count = step
         return metrics
 
-    def samples(self, step: int, scored: ScoredBatch) -> list[Sample]:
-        """Up to run.log_samples decoded samples of the batch on a logging step (every
-        run.log_every steps), none on other steps."""
+    def samples(self, step: int, scored: ScoredBatch) -> list[dict]:
+        """Records of up to max(run.keep_samples, run.log_samples on a logging step) rows of
+        the batch, distinct prompts first (:func:`spread_rows`)."""
         r = self.cfg.run
-        if not (r.log_samples and logging_step(step, r.log_every)):
-            return []
-        return decode_samples(scored, self.tokenizer, r.log_samples)
+        limit = max(r.keep_samples, r.log_samples if logging_step(step, r.log_every) else 0)
+        return sample_records(scored, self.tokenizer, "train", step, spread_rows(scored.rollout.group_ids.tolist(), limit))
 
     def publish(self) -> None:
         """Hand the policy's current weights to the rollout side; they are the version the next
@@ -359,8 +362,11 @@ class Controller:
         return t.lr * min(1.0, step / t.warmup_steps) if t.warmup_steps else t.lr
 
     def validate(self) -> dict[str, float]:
-        """Held-out accuracy of the current weights (:class:`~reasonrl.evaluation.Evaluator`)."""
-        return self.evaluator.run(self.step_count)
+        """Held-out accuracy of the current weights (:class:`~reasonrl.evaluation.Evaluator`);
+        its sample records are kept in ``val_samples``."""
+        metrics = self.evaluator.run(self.step_count)
+        self.val_samples = self.evaluator.last_samples
+        return metrics
 
     # ---------------------------------------------------------------- run
     def run(self) -> dict[str, float]:
@@ -381,10 +387,13 @@ class Controller:
             self.close()
             raise
         prompts = StepLog(self.run_dir / "prompts.jsonl")
+        samples = StepLog(self.run_dir / "samples.jsonl") if cfg.run.keep_samples else None
         # Rows past the checkpoint will be written again (all of them, the step-0 validation
         # included, when there is no checkpoint).
         sink.truncate_after(self.step_count if resumed else -1)
         prompts.truncate_after(self.step_count)
+        if samples is not None:
+            samples.truncate_after(self.step_count if resumed else -1)
         self.events.emit("start", self.step_count, resumed=resumed, pid=os.getpid())
         step_s = step_seconds(read_jsonl(self.run_dir / "metrics.jsonl"))
         stop = _StopFlag()
@@ -396,6 +405,7 @@ class Controller:
                 with self.stage(t := {}, "testing"):
                     last = self.validate()
                 sink.log(0, {**last, **t, "time": time.time() - start})
+                self.keep_samples(0, sink, samples, [], self.val_samples)
             while self.step_count < cfg.train.total_steps and not stop.signum:
                 metrics = self.step()
                 every = cfg.eval.every_steps
@@ -406,8 +416,8 @@ class Controller:
                 metrics["time"] = time.time() - start
                 metrics.update(self.effective_time(step_s))
                 sink.log(self.step_count, metrics)
-                if self.last_samples:
-                    sink.log_samples(self.step_count, self.last_samples)
+                self.keep_samples(self.step_count, sink, samples, self.last_samples,
+                                  self.val_samples if "val/acc" in metrics else [])
                 prompts.log(self.step_count, self.last_record)
                 last.update(metrics)
                 if self.checkpoint_due(last_checkpoint) or stop.signum:
@@ -434,6 +444,18 @@ class Controller:
                     "train.grad_clip and the reward function")
             self.policy.call("export", self.run_dir / "final")
         return last
+
+    def keep_samples(self, step: int, sink: MetricsSink, samples: StepLog | None, train: list[dict], val: list[dict]) -> None:
+        """Write the step's sample records to samples.jsonl (run.keep_samples training ones,
+        every validation one) and send run.log_samples of each kind to the loggers (training
+        ones on logging steps)."""
+        r = self.cfg.run
+        if samples is not None:
+            samples.log_rows(train[: r.keep_samples] + val)
+        if r.log_samples and train and logging_step(step, r.log_every):
+            sink.log_samples(step, logger_samples(train, r.log_samples))
+        if r.log_samples and val:
+            sink.log_samples(step, logger_samples(val, r.log_samples, first_of_each=True), "val_samples")
 
     def _emit_resume(self, resumed: bool) -> None:
         """The events of a resume that passed its check (nothing is written before it)."""
@@ -549,7 +571,7 @@ class Controller:
             if not self.cfg.resume.allow_data_change:
                 raise ResumeError(
                     f"{self.run_dir}: the training data differs from the data the checkpoint was trained on "
-                    f"({self.cfg.data.source}: fingerprint {self.fingerprint[:12]}, checkpoint {state['data_fingerprint'][:12]}); "
+                    f"({source_name(self.cfg.data.source)}: fingerprint {self.fingerprint[:12]}, checkpoint {state['data_fingerprint'][:12]}); "
                     "to continue on the new data anyway, add resume.allow_data_change=true; otherwise use a new run.dir")
             self.data_changed = state["data_fingerprint"]
         self.updates_applied = int(state["updates_applied"])
@@ -600,20 +622,23 @@ def spread_rows(group_ids: list[int], limit: int) -> list[int]:
     return [row for _, row in sorted(ranked)[:limit]]
 
 
-def decode_samples(scored: ScoredBatch, tokenizer, limit: int) -> list[Sample]:
-    """Up to ``limit`` samples of the batch as text (rows from :func:`spread_rows`): the prompt
-    decoded as the model saw it (chat template applied, special tokens dropped), the response
-    as the reward function graded it, its score and correctness."""
-    r = scored.rollout
-    return [
-        Sample(
-            prompt=tokenizer.decode(r.prompt_ids[row][r.prompt_mask[row].bool()].tolist(), skip_special_tokens=True),
-            response=scored.texts[row],
-            score=float(scored.scores[row]),
-            acc=bool(scored.acc[row]),
-        )
-        for row in spread_rows(r.group_ids.tolist(), limit)
-    ]
+def logger_samples(records: list[dict], limit: int, first_of_each: bool = False) -> list[Sample]:
+    """Up to ``limit`` records as the loggers' Samples; ``first_of_each``: only each prompt's
+    first sampled (not greedy) one (validation records come k to a prompt, then the greedy ones)."""
+    chosen = [r for r in records if r["sample"] == 0 and not r.get("greedy")] if first_of_each else records
+    return [Sample(r["prompt"], r["response"], r["score"], r["correct"]) for r in chosen[:limit]]
+
+
+def reward_extras(scored: ScoredBatch) -> dict[str, float]:
+    """``reward/<field>``: the batch mean of each numeric field the reward breakdowns hold
+    (a reward function's extra fields, ``format``, ``overlong_penalty``), over the rows that
+    have it."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for extras in scored.extras:
+        for key, value in extras.items():
+            if isinstance(value, (int, float)):
+                sums[key].append(float(value))
+    return {f"reward/{key}": sum(v) / len(v) for key, v in sorted(sums.items())}
 
 
 class _StopFlag:

@@ -97,10 +97,10 @@ class TensorBoardLogger:
             writer.add_scalar(key, value, global_step=step)
         writer.flush()
 
-    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
-        """The samples as one markdown table under the text tag ``samples``."""
+    def log_samples(self, step: int, samples: Sequence[Sample], tag: str = "samples") -> None:
+        """The samples as one markdown table under the text tag ``tag``."""
         writer = self._open()
-        writer.add_text("samples", samples_markdown(samples), global_step=step)
+        writer.add_text(tag, samples_markdown(samples), global_step=step)
         writer.flush()
 
     def close(self) -> None:
@@ -166,11 +166,11 @@ class WandbLogger:
         if step > self._skip_through:
             self.run.log(values, step=step)
 
-    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
-        """The samples as a table ``samples`` (columns step, prompt, response, reward, acc)."""
+    def log_samples(self, step: int, samples: Sequence[Sample], tag: str = "samples") -> None:
+        """The samples as a table ``tag`` (columns step, prompt, response, reward, acc)."""
         if step > self._skip_through:
             rows = [[step, s.prompt, s.response, s.score, s.acc] for s in samples]
-            self.run.log({"samples": self._table(columns=SAMPLE_COLUMNS, data=rows)}, step=step)
+            self.run.log({tag: self._table(columns=SAMPLE_COLUMNS, data=rows)}, step=step)
 
     def close(self) -> None:
         """Finish the run (closing twice is harmless)."""

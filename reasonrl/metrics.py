@@ -163,6 +163,13 @@ class StepLog:
         """Append ``{"step": step, **row}``, flushed and fsynced."""
         _append_line(self._file, {"step": step, **row})
 
+    def log_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Append ``rows`` (each with its ``step``), flushed and fsynced once."""
+        if rows:
+            self._file.write("".join(_dumps(row) for row in rows))
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
     def truncate_after(self, step: int) -> tuple[list[dict[str, Any]], int]:
         """Keep only rows with ``row["step"] <= step`` (atomic rewrite); return the kept rows and
         the last step the file held before (-1: none)."""
@@ -198,8 +205,9 @@ class Logger(Protocol):
     def log_metrics(self, step: int, values: dict[str, int | float]) -> None:
         """The metrics of one step."""
 
-    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
-        """Generated samples of one step."""
+    def log_samples(self, step: int, samples: Sequence[Sample], tag: str = "samples") -> None:
+        """Generated samples of one step, under ``tag`` (``samples``: training, ``val_samples``:
+        validation)."""
 
     def close(self) -> None:
         """Flush and release the backend."""
@@ -278,10 +286,10 @@ class MetricsSink:
         if logging_step(step, self.log_every):
             self._print(console_line(step, self.total_steps, {**values, "val/acc": self._latest_val}))
 
-    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
-        """Send generated samples of ``step`` to the loggers."""
+    def log_samples(self, step: int, samples: Sequence[Sample], tag: str = "samples") -> None:
+        """Send generated samples of ``step`` to the loggers, under ``tag``."""
         for logger in self.loggers:
-            logger.log_samples(step, samples)
+            logger.log_samples(step, samples, tag)
 
     def truncate_after(self, step: int) -> None:
         """Keep only rows with ``row["step"] <= step`` (atomic rewrite; a no-op on the file when

@@ -18,6 +18,8 @@ their absence is said in the page. ``report.html`` holds, in this order:
   rate, dynamic sampling counters (``batch/*``), throughput and tokens (``perf/throughput``,
   ``perf/total_num_tokens``), ETTR, time lost to faults, and the seconds of each stage;
 - each run's events: step, kind and a short detail of every line of ``events.jsonl``;
+- a few validation samples per validation step (``samples.jsonl``, when the run kept them):
+  prompt, response, extracted answer, ground truth and score, the wrong ones first, folded;
 - each run's ``config.yaml``, folded.
 
 Every line plot puts all runs on the same axes (x = step, integer ticks; one colour per run),
@@ -78,6 +80,8 @@ class Run:
     config: dict[str, Any] | None = None
     config_text: str | None = None
     events: list[dict[str, Any]] | None = None
+    samples: dict[int, list[dict[str, Any]]] | None = None
+    """{validation step: up to SAMPLES_SHOWN of its sample records}; None without samples.jsonl."""
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """The steps that have ``key`` and its values there."""
@@ -123,7 +127,23 @@ def load_run(run_dir: str | Path) -> Run:
     if config and config.get("algo.adv_estimator"):
         label = f"{label} ({config['algo.adv_estimator']})"
     figures = effective_time(events, step_seconds(rows)) if events is not None else None
-    return Run(label, rows, figures, config, config_text, events)
+    samples_path = run_dir / "samples.jsonl"
+    samples = validation_samples(read_jsonl(samples_path)) if samples_path.is_file() else None
+    return Run(label, rows, figures, config, config_text, events, samples)
+
+
+SAMPLES_SHOWN = 3
+"""Validation samples shown per validation step."""
+
+
+def validation_samples(records: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """{step: up to SAMPLES_SHOWN validation records}: each prompt's first sampled (not greedy)
+    one, the wrong ones before the right ones, in file order otherwise."""
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("split") == "val" and r.get("sample") == 0 and not r.get("greedy"):
+            by_step.setdefault(r["step"], []).append(r)
+    return {step: sorted(rs, key=lambda r: bool(r["correct"]))[:SAMPLES_SHOWN] for step, rs in sorted(by_step.items())}
 
 
 def read_config(path: Path, text: str) -> dict[str, Any]:
@@ -450,6 +470,24 @@ def _events_section(runs: list[Run]) -> str:
     return "\n".join(parts)
 
 
+def _samples_section(runs: list[Run]) -> str:
+    """A few validation samples of each validation step, folded per step ('' when no run kept any)."""
+    if not any(run.samples for run in runs):
+        return ""
+    parts = ["<h2>Validation samples</h2>"]
+    for run in runs:
+        if not run.samples:
+            continue
+        parts.append(f"<h3>{html.escape(run.label)}</h3>")
+        for step, records in run.samples.items():
+            rows = [[r["prompt_id"], r["prompt"], r["response"], str(r["pred"]), str(r["ground_truth"]),
+                     f"{r['score']:+.3f}", "right" if r["correct"] else "wrong"] for r in records]
+            parts.append(f"<details><summary>step {step}</summary>\n"
+                         + _table(["id", "prompt", "response", "answer", "truth", "score", ""], rows, "left samples")
+                         + "</details>")
+    return "\n".join(parts)
+
+
 def _configs_section(runs: list[Run]) -> str:
     """Each run's config.yaml, folded."""
     parts = ["<h2>Configs</h2>"]
@@ -473,6 +511,7 @@ table {{ border-collapse: collapse; margin-bottom: 2em; }}
 th, td {{ border: 1px solid #bbb; padding: 0.3em 0.7em; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }}
 table.left td {{ text-align: left; font-family: monospace; }}
+table.samples td {{ white-space: pre-wrap; vertical-align: top; max-width: 40em; }}
 img {{ max-width: 100%; display: block; margin-bottom: 1.5em; }}
 pre {{ background: #f6f6f6; padding: 1em; }}
 details {{ margin-bottom: 1.5em; }}
@@ -485,6 +524,7 @@ details {{ margin-bottom: 1.5em; }}
 <h2>Plots</h2>
 {images}
 {events}
+{samples}
 {config_files}
 </body>
 </html>
@@ -500,6 +540,7 @@ def _html(runs: list[Run], images: list[str]) -> str:
         configs=_config_section(runs) if len(runs) >= 2 else "",
         images="\n".join(f'<img src="{html.escape(name)}" alt="{html.escape(name)}">' for name in images),
         events=_events_section(runs),
+        samples=_samples_section(runs),
         config_files=_configs_section(runs),
     )
 

@@ -14,12 +14,13 @@ import torch
 
 from reasonrl.cli import RECIPES
 from reasonrl.config import load
-from reasonrl.controller import Controller, decode_samples, spread_rows
+from reasonrl.controller import Controller, logger_samples, reward_extras, spread_rows
 from reasonrl.data.model import load_tokenizer
 from reasonrl.errors import InputError
 from reasonrl.loggers import TensorBoardLogger, WandbLogger, open_loggers
 from reasonrl.metrics import Sample, read_jsonl
-from reasonrl.types import ScoredBatch
+from reasonrl.samples import sample_records
+from reasonrl.types import Prompt, ScoredBatch
 from tests.conftest import synthetic_rollout, tiny_run
 
 BLOCK, HEADER = 32 * 1024, 7
@@ -162,7 +163,7 @@ def test_spread_rows_takes_one_sample_per_prompt_first():
     assert spread_rows([0, 0], 0) == []
 
 
-def test_decode_samples_gives_prompt_and_response_text_with_reward(model_dir):
+def test_sample_records_give_prompt_response_answer_and_reward_breakdown(model_dir):
     tokenizer = load_tokenizer(model_dir)
     prompts = ["12+7=", "3*4="]
     rollout = synthetic_rollout(B=4, P=8)
@@ -171,10 +172,19 @@ def test_decode_samples_gives_prompt_and_response_text_with_reward(model_dir):
         rollout.prompt_ids[row] = torch.tensor([tokenizer.pad_token_id] * (8 - len(ids)) + ids)
         rollout.prompt_mask[row] = torch.tensor([0] * (8 - len(ids)) + [1] * len(ids))
     rollout.group_ids = torch.tensor([0, 0, 1, 1])
-    scored = ScoredBatch(rollout, [], ["19", "20", "12", "7"], torch.tensor([1.0, 0.0, 1.0, -0.5]),
-                         torch.tensor([True, False, True, False]), torch.zeros(4, dtype=torch.bool))
-    assert decode_samples(scored, tokenizer, 3) == [
-        Sample("12+7=", "19", 1.0, True), Sample("3*4=", "12", 1.0, True), Sample("12+7=", "20", 0.0, False)]
+    rows = [Prompt("a", prompts[0], "19", "add"), Prompt("a", prompts[0], "19", "add"),
+            Prompt("m", prompts[1], "12", "mul"), Prompt("m", prompts[1], "12", "mul")]
+    scored = ScoredBatch(rollout, rows, ["19", "20", "12", "7"], torch.tensor([1.0, 0.0, 1.0, -0.5]),
+                         torch.tensor([True, False, True, False]), torch.zeros(4, dtype=torch.bool),
+                         preds=["19", "20", "12", "7"], extras=[{"format": 1.0}, {"format": 0.0}, {}, {"tests_passed": 2}])
+    records = sample_records(scored, tokenizer, "train", 5, spread_rows([0, 0, 1, 1], 3))
+    assert [(r["prompt_id"], r["sample"], r["prompt"], r["response"], r["pred"], r["score"], r["correct"]) for r in records] == [
+        ("a", 0, "12+7=", "19", "19", 1.0, True), ("m", 0, "3*4=", "12", "12", 1.0, True), ("a", 1, "12+7=", "20", "20", 0.0, False)]
+    assert records[0]["format"] == 1.0 and records[0]["step"] == 5 and records[0]["split"] == "train"
+    assert records[0]["ground_truth"] == "19" and records[0]["data_source"] == "add" and records[0]["length"] == rollout.lengths[0]
+    assert logger_samples(records, 2) == [Sample("12+7=", "19", 1.0, True), Sample("3*4=", "12", 1.0, True)]
+    assert logger_samples(records, 5, first_of_each=True) == logger_samples(records, 2)
+    assert reward_extras(scored) == {"reward/format": 0.5, "reward/tests_passed": 2.0}
 
 
 @pytest.mark.slow
@@ -183,7 +193,8 @@ def test_a_run_logs_config_metrics_and_samples_to_tensorboard_and_wandb(tmp_path
 
     def cfg(total_steps: int):
         return load(RECIPES / "dapo.yaml", [*tiny_run(model_dir, tmp_path, steps=total_steps), "run.loggers=[tensorboard,wandb]",
-                                            "run.log_every=2", "run.log_samples=3", "algo.max_gen_batches=20", "algo.overlong_buffer=4"])
+                                            "run.log_every=2", "run.log_samples=3", "algo.max_gen_batches=20", "algo.overlong_buffer=4",
+                                            "eval.every_steps=2", "run.keep_samples=5"])
 
     Controller(cfg(3)).run()
     console = [line for line in capfd.readouterr().err.splitlines() if line.startswith("step ")]
@@ -192,7 +203,9 @@ def test_a_run_logs_config_metrics_and_samples_to_tensorboard_and_wandb(tmp_path
     Controller(cfg(4)).run()  # resumes from the final checkpoint of step 3
 
     rows = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # 0: the validation before training
+    by_step = {r["step"]: r for r in rows}
+    rows = rows[1:]
     for r in rows:
         assert r["perf/total_num_tokens"] > 0 and r["perf/throughput"] == pytest.approx(r["perf/total_num_tokens"] / r["timing_s/step"])
 
@@ -217,3 +230,19 @@ def test_a_run_logs_config_metrics_and_samples_to_tensorboard_and_wandb(tmp_path
     assert [e.step for e in tb.Tensors("samples/text_summary")] == [2, 4]
     assert [e.step for e in tb.Tensors("config/text_summary")] == [0, 4]
     assert "_hparams_/session_start_info" in tb.PluginTagToContent("hparams")
+    # validations at 0, 2, 3 (the last step of the first run) and 4: 3 samples each, one per prompt
+    assert [e.step for e in tb.Tensors("val_samples/text_summary")] == [0, 2, 3, 4]
+    assert steps(history, "val_samples/path") == [0, 2, 3, 4]
+
+    kept = read_jsonl(tmp_path / "samples.jsonl")  # the resume cut nothing: step 3 had a checkpoint
+    train = [r for r in kept if r["split"] == "train"]
+    assert [r["step"] for r in train] == [s for s in (1, 2, 3, 4) for _ in range(5)]  # run.keep_samples a step
+    assert [r["sample"] for r in train[:5]] == [0, 0, 0, 0, 1]  # distinct prompts first
+    val = [r for r in kept if r["split"] == "val"]
+    for step in (0, 2, 3, 4):  # eval.n_prompts x eval.k samples, then a greedy decode of each prompt
+        at = [r for r in val if r["step"] == step]
+        assert len(at) == 8 * 4 + 8 and sum(r["greedy"] for r in at) == 8
+        sampled = [r for r in at if not r["greedy"]]
+        assert by_step[step]["val/acc"] == pytest.approx(sum(r["correct"] for r in sampled) / len(sampled))
+    for r in kept:
+        assert r["prompt"] and isinstance(r["response"], str) and "overlong_penalty" in r and "pred" in r

@@ -180,7 +180,7 @@ class Recorder:
     def log_metrics(self, step, values):
         self.calls.append(("metrics", step, values))
 
-    def log_samples(self, step, samples):
+    def log_samples(self, step, samples, tag="samples"):
         self.calls.append(("samples", step, list(samples)))
 
     def close(self):

@@ -187,3 +187,31 @@ def test_metrics_without_rows(tmp_path):
     (run / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="blank"):
         write_report([run])
+
+
+def _record(step, split, prompt_id, sample, correct, response="Answer: 3"):
+    return {"step": step, "split": split, "prompt_id": prompt_id, "data_source": "embedded/add", "sample": sample,
+            "prompt": "1+2=?", "response": response, "ground_truth": "3", "pred": "3" if correct else "4",
+            "score": 1.0 if correct else -1.0, "correct": correct, "length": 9, "truncated": False}
+
+
+def test_report_shows_a_few_validation_samples_per_validation_step_wrong_first(tmp_path):
+    run = tmp_path / "dapo"
+    _write_run(run, _rows(0.1))
+    records = [_record(1, "train", "t0", 0, False, "train <only>")]
+    records += [_record(2, "val", f"p{i}", j, i % 2 == 0, f"step 2 p{i} s{j} <b>") for i in range(5) for j in range(2)]
+    records += [_record(4, "val", "p0", 0, True, "step 4 p0")]
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = write_report([run]).read_text()
+    samples = _section(page, "Validation samples")
+    step2, step4 = samples.split("<summary>step ")[1:]
+    assert step2.startswith("2<") and step4.startswith("4<")
+    shown = re.findall(r"step 2 p(\d) s(\d)", step2)
+    assert shown == [("1", "0"), ("3", "0"), ("0", "0")]  # the 2 wrong first samples, then a right one: 3 in all
+    assert "&lt;b&gt;" in step2 and "<b>" not in samples and "train" not in samples
+    assert "step 4 p0" in step4
+
+
+def test_report_without_samples_has_no_samples_section(tmp_path):
+    _write_run(tmp_path / "bare", _rows(0.1))
+    assert "Validation samples" not in write_report([tmp_path / "bare"]).read_text()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import pytest
 
 from reasonrl.errors import InputError
 from reasonrl.reward import boxed_score, dapo_score, load_reward_fn
 from reasonrl.reward.pool import RewardPool
+from reasonrl.reward.verify import TIMEOUT_S
 
 pytest.importorskip("math_verify")
 
@@ -24,6 +26,21 @@ pytest.importorskip("math_verify")
         ("The answer is \\boxed{C}", "\\text{(C)}", True),
         ("Natalia sold 48 + 24 = 72 clips.\n#### 72", "72", True),  # GSM8K
         ("... so $x = \\boxed{2\\sqrt{2}}$", "\\sqrt{8}", True),
+        # intervals, sets, units and trailing text, negatives, percentages, decimals:
+        ("\\boxed{(-\\infty, 3]}", "(-\\infty,3]", True),
+        ("\\boxed{(-\\infty, 3)}", "(-\\infty,3]", False),
+        ("\\boxed{\\{1, 2\\}}", "\\{2,1\\}", True),
+        ("\\boxed{\\{1, 3\\}}", "\\{2,1\\}", False),
+        ("\\boxed{5\\text{ cm}}", "5", True),
+        ("The answer is \\boxed{12} dollars.", "12", True),
+        ("\\boxed{-3}", "-3", True),
+        ("\\boxed{3}", "-3", False),
+        ("\\boxed{-\\frac{1}{2}}", "\\frac{1}{2}", False),
+        ("\\boxed{50\\%}", "50", True),
+        ("\\boxed{10\\%}", "10\\%", True),
+        ("\\boxed{0.25}", "\\frac14", True),
+        ("\\boxed{\\frac{3}{4}}", "3/4", True),
+        ("\\boxed{1,000}", "1000", True),
         ("Answer: 6", "5", False),
         ("\\boxed{\\frac{1}{3}}", "0.33", False),
         ("I do not know.", "7", False),
@@ -54,6 +71,19 @@ def test_math_verify_in_reward_worker_processes():
     with RewardPool("math_verify", workers=1, timeout_s=30) as pool:
         g = pool.score(["\\boxed{\\dfrac{1}{2}}", "Answer: 3"], ["0.5", "4"])
     assert g.acc.tolist() == [True, False] and g.scores.tolist() == [1.0, -1.0] and not g.failed.any()
+
+
+def test_a_pathological_answer_returns_in_bounded_time_inside_a_worker_process():
+    """A power tower that SymPy would evaluate for ever: math-verify's alarm (TIMEOUT_S, the
+    worker's main thread) ends the comparison, the sample is wrong, not failed, and the worker
+    scores the next one."""
+    tower = "\\boxed{" + "9^{" * 12 + "9" + "}" * 12 + "}"
+    with RewardPool("math_verify", workers=1, timeout_s=30) as pool:
+        start = time.monotonic()
+        g = pool.score([tower, "\\boxed{2}"], ["1", "2"])
+        elapsed = time.monotonic() - start
+    assert g.acc.tolist() == [False, True] and not g.failed.any()
+    assert elapsed < 3 * TIMEOUT_S + 5
 
 
 def test_a_missing_math_verify_is_an_input_error_naming_the_extra(monkeypatch):

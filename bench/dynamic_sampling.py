@@ -82,7 +82,7 @@ def warm_setup(pool: int):
     os.environ.setdefault("REASONRL_CACHE", "/tmp/rrcache")
     from reasonrl import config
     from reasonrl.data.splits import load_splits
-    from reasonrl.data.datasets import render_prompt
+    from reasonrl.data.splits import encode_prompts
     from reasonrl.data.model import load_model, load_tokenizer
     from reasonrl.data.sft import ensure_warm_start
     from reasonrl.reward.math import dapo_score
@@ -93,7 +93,7 @@ def warm_setup(pool: int):
     tokenizer = load_tokenizer(directory)
     model = load_model(directory, cfg.model.dtype, "cpu")
     train, _ = load_splits(cfg)
-    prompts = [(p, tokenizer(render_prompt(p, tokenizer))["input_ids"]) for p in train[:pool]]
+    prompts = list(zip(train[:pool], encode_prompts(train[:pool], tokenizer)))
 
     def score(rollout: RolloutBatch, rows: list[Prompt]) -> ScoredBatch:
         texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)

@@ -36,7 +36,7 @@ def main() -> None:
     import vllm
 
     from reasonrl.config import load
-    from reasonrl.data.model import load_model, load_tokenizer
+    from reasonrl.data.model import load_eos_ids, load_model, load_tokenizer, model_context
     from reasonrl.data.sft import resolve_model_dir
     from reasonrl.data.splits import load_splits, tokenize_prompts
     from reasonrl.rollout.fast import FastGenerator
@@ -52,9 +52,9 @@ def main() -> None:
     model_dir = resolve_model_dir(cfg, log=lambda *a: None)
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, cfg.model.dtype, args.device)
-    fast = FastGenerator(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    fast = FastGenerator(model, tokenizer.pad_token_id, load_eos_ids(model_dir, tokenizer))
     train, _ = load_splits(cfg)
-    prompts = tokenize_prompts(train[: args.prompts], tokenizer, cfg.data.max_prompt_len, cfg.data.source)
+    prompts = tokenize_prompts(train[: args.prompts], tokenizer, cfg, model_context(model_dir), cfg.data.source).ids
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     backends = {"vllm": RolloutWorker(cfg, model_dir), "fast": fast}
 

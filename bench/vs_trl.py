@@ -172,7 +172,7 @@ class Evaluator:
 
     def __init__(self, spec: dict) -> None:
         from reasonrl.config import load
-        from reasonrl.data.model import load_tokenizer
+        from reasonrl.data.model import load_tokenizer, model_context
         from reasonrl.data.sft import resolve_model_dir
         from reasonrl.data.splits import load_splits, tokenize_prompts
         from reasonrl.evaluation import Evaluator as HeldOut
@@ -181,7 +181,8 @@ class Evaluator:
         cfg = load(str(RECIPE), eval_overrides(spec))
         model_dir = resolve_model_dir(cfg, log)
         _, test = load_splits(cfg)
-        ids = tokenize_prompts(test, load_tokenizer(model_dir), cfg.data.max_prompt_len, cfg.data.source)
+        tokens = tokenize_prompts(test, load_tokenizer(model_dir), cfg, model_context(model_dir), cfg.data.source, held_out=True)
+        test, ids = tokens.prompts, tokens.ids
         self.rollout = RolloutWorker(cfg, model_dir)
         self.held_out = HeldOut(cfg, self.rollout, RewardWorker(cfg, model_dir), test, ids)
 

@@ -123,6 +123,13 @@ class DataConfig:
     seeded by data.seed; 0: eval.n_prompts. At most half of the distinct prompts."""
     max_prompt_len: int = 64
     """Prompts longer than this many tokens are an error naming the row."""
+    truncation: Literal["error", "left", "drop"] = "error"
+    """What becomes of a prompt longer than data.max_prompt_len tokens, or one whose length
+    plus the response limit (rollout.max_new_tokens; for held-out prompts eval.max_new_tokens
+    when set) exceeds the model's context (max_position_embeddings): 'error' names it and
+    stops; 'left' keeps its last tokens (the end holds the question and the chat template's
+    generation prompt), and its first token too when that is the tokenizer's BOS; 'drop'
+    leaves the row out. The prompts cut or dropped are counted and printed at the start."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import torch
 from reasonrl import algo
 from reasonrl.checkpoint import CheckpointWriteError, ProcessRNG, StateRegistry, find_latest, list_checkpoints, load_checkpoint
 from reasonrl.config import Config, config_hash, dump
-from reasonrl.data.model import load_tokenizer
+from reasonrl.data.model import load_tokenizer, model_context
 from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.sources import source_name
 from reasonrl.data.splits import read_splits, tokenize_prompts
@@ -117,11 +117,15 @@ class Controller:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.pad_id = self.tokenizer.pad_token_id
         splits = read_splits(cfg)
-        train, test = splits.train, splits.test
         log(f"data: {splits.description}")
-        limit = cfg.data.max_prompt_len
-        train_ids = tokenize_prompts(train, self.tokenizer, limit, splits.train_from)
-        test_ids = tokenize_prompts(test, self.tokenizer, limit, splits.test_from)
+        context = model_context(self.model_dir)
+        train_tokens = tokenize_prompts(splits.train, self.tokenizer, cfg, context, splits.train_from)
+        test_tokens = tokenize_prompts(splits.test, self.tokenizer, cfg, context, splits.test_from, held_out=True)
+        for note in (train_tokens.note(splits.train_from), test_tokens.note(splits.test_from)):
+            if note:
+                log(f"data: {note}")
+        train, train_ids = train_tokens.prompts, train_tokens.ids
+        test, test_ids = test_tokens.prompts, test_tokens.ids
         self.fingerprint = data_fingerprint(train)
         self.step_count = 0
         self.version = 0

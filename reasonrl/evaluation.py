@@ -39,7 +39,7 @@ from reasonrl.algo.evaluation import majority_vote, mean_stderr, pass_at_k
 from reasonrl.checkpoint.export import export_model, select_checkpoint
 from reasonrl.config import Config
 from reasonrl.data.datasets import load_prompts
-from reasonrl.data.model import load_tokenizer
+from reasonrl.data.model import load_tokenizer, model_context
 from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.sources import TEST_SPLITS
 from reasonrl.data.splits import dedupe, read_splits, tokenize_prompts
@@ -294,9 +294,13 @@ def evaluate_models(cfg: Config, models: list[str], data: list[str], out: Path, 
 def _evaluate_model(cfg: Config, source: ModelSource, datasets: list[Dataset]) -> Evaluation:
     """Every prompt of ``datasets`` with the model of ``source``."""
     tokenizer = load_tokenizer(source.path)
-    prompts = [p for ds in datasets for p in ds.prompts]
-    ids = [row for ds in datasets for row in tokenize_prompts(ds.prompts, tokenizer, cfg.data.max_prompt_len, ds.name)]
-    check_context(cfg, source.path, max(map(len, ids)))
+    context = model_context(source.path)
+    tokens = [tokenize_prompts(ds.prompts, tokenizer, cfg, context, ds.name, held_out=True) for ds in datasets]
+    for ds, kept in zip(datasets, tokens):
+        if kept.note(ds.name):
+            _stderr(kept.note(ds.name))
+    prompts = [p for kept in tokens for p in kept.prompts]
+    ids = [row for kept in tokens for row in kept.ids]
     reward = RewardWorker(cfg, source.path)
     try:
         evaluator = Evaluator(cfg, RolloutWorker(cfg, source.path), reward, prompts, ids, rows=len(prompts))
@@ -305,21 +309,6 @@ def _evaluate_model(cfg: Config, source: ModelSource, datasets: list[Dataset]) -
             return evaluator.evaluate(source.step, "eval", bar.update)
     finally:
         reward.close()
-
-
-def check_context(cfg: Config, model_dir: Path, longest: int) -> None:
-    """InputError unless the longest prompt plus the response limit fits the model's context
-    (``max_position_embeddings`` of its config.json)."""
-    key = "eval.max_new_tokens" if cfg.eval.max_new_tokens else "rollout.max_new_tokens"
-    max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    config = model_dir / "config.json"
-    try:
-        context = int(json.loads(config.read_text(encoding="utf-8"))["max_position_embeddings"])
-    except (OSError, ValueError, KeyError) as err:
-        raise InputError(f"{config}: no readable max_position_embeddings ({err})") from None
-    if longest + max_new > context:
-        raise InputError(f"{key} = {max_new}: the longest prompt has {longest} tokens, and {longest} + {max_new} "
-                         f"exceeds the context of {context} tokens of {model_dir}; lower {key} or data.max_prompt_len")
 
 
 def results_json(cfg: Config, evaluations: list[ModelEvaluation], samples: Path) -> dict[str, Any]:

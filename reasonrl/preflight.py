@@ -16,21 +16,22 @@ runs only them. In order:
 4. the model: ``model.path`` is a Hugging Face model directory with a tokenizer, or the
    embedded warm start (cached, or trained first);
 5. ``run.device`` is usable with this torch build;
-6. the context: the longest prompt (in tokens, chat template applied) plus
-   ``rollout.max_new_tokens`` fits the model's ``max_position_embeddings``.
+6. the context: every prompt (in tokens, chat template applied once) fits data.max_prompt_len
+   and, plus ``rollout.max_new_tokens``, the model's ``max_position_embeddings``, or is cut or
+   dropped by ``data.truncation`` (:func:`~reasonrl.data.splits.tokenize_prompts`, which the
+   trainer runs too; the plan counts what it cut or dropped).
 
 Nothing here loads weights or writes to the run directory.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from reasonrl.config import Config, config_hash, load
-from reasonrl.errors import InputError, RunDirError
+from reasonrl.errors import RunDirError
 
 @dataclass(frozen=True)
 class RunState:
@@ -61,6 +62,8 @@ class Plan:
     """The reward functions, by data source, and the format reward."""
     data: str = ""
     """The data sources, the split sizes and how the held-out split was made (``Splits.description``)."""
+    prompts_cut: str = ""
+    """What data.truncation cut or dropped, per split ('' when nothing)."""
 
     def describe(self) -> str:
         """A few lines for the console."""
@@ -79,7 +82,7 @@ class Plan:
             f"reward       {self.reward or c.reward.fn}",
             f"model        {self.model} on {c.run.device} ({c.model.dtype})",
             f"context      longest prompt {self.longest_prompt} + rollout.max_new_tokens {r.max_new_tokens} "
-            f"<= {self.context} tokens",
+            f"<= {self.context} tokens" + (f"; {self.prompts_cut}" if self.prompts_cut else ""),
         ]
         return "\n".join(lines)
 
@@ -101,13 +104,14 @@ def preflight(cfg: Config) -> Plan:
 
     check_device(cfg.run.device)
     tokenizer, context = _tokenizer_and_context(model_dir)
-    longest = _longest_prompt(cfg, tokenizer, train, test)
-    if longest + cfg.rollout.max_new_tokens > context:
-        raise InputError(
-            f"rollout.max_new_tokens = {cfg.rollout.max_new_tokens}: the longest prompt has {longest} tokens, and "
-            f"{longest} + {cfg.rollout.max_new_tokens} exceeds the model's context of {context} tokens "
-            f"(max_position_embeddings of {model}); lower rollout.max_new_tokens or data.max_prompt_len")
-    return Plan(cfg, state, len(train), len(test), model, longest, context, reward, splits.description)
+    from reasonrl.data.splits import tokenize_prompts
+
+    train_tokens = tokenize_prompts(train, tokenizer, cfg, context, splits.train_from)
+    test_tokens = tokenize_prompts(test, tokenizer, cfg, context, splits.test_from, held_out=True)
+    longest = max(train_tokens.longest, test_tokens.longest)
+    cut = "; ".join(filter(None, (train_tokens.note(splits.train_from), test_tokens.note(splits.test_from))))
+    return Plan(cfg, state, len(train_tokens.prompts), len(test_tokens.prompts), model, longest, context, reward,
+                splits.description, cut)
 
 
 def reward_line(cfg: Config, prompts: list) -> str:
@@ -196,25 +200,10 @@ def _model_dir(cfg: Config) -> tuple[Path | None, str]:
 
 def _tokenizer_and_context(model_dir: Path | None):
     """(tokenizer, max_position_embeddings) of the model directory, or of the embedded model."""
-    from reasonrl.data.model import EMBEDDED_MAX_POSITIONS, load_tokenizer
+    from reasonrl.data.model import EMBEDDED_MAX_POSITIONS, load_tokenizer, model_context
 
     if model_dir is None:
         from reasonrl.data.tokenizer import build_char_tokenizer
 
         return build_char_tokenizer(), EMBEDDED_MAX_POSITIONS
-    config = model_dir / "config.json"
-    try:
-        context = json.loads(config.read_text(encoding="utf-8"))["max_position_embeddings"]
-    except (ValueError, KeyError) as err:
-        raise InputError(f"model.path: {config} has no readable max_position_embeddings ({err})") from None
-    return load_tokenizer(model_dir), int(context)
-
-
-def _longest_prompt(cfg: Config, tokenizer, train: list, test: list) -> int:
-    """Tokens of the longest prompt; a prompt over data.max_prompt_len is an InputError naming it."""
-    from reasonrl.data.splits import tokenize_prompts
-
-    limit = cfg.data.max_prompt_len
-    ids = tokenize_prompts(train, tokenizer, limit, cfg.data.source)
-    ids += tokenize_prompts(test, tokenizer, limit, cfg.data.test_source or cfg.data.source)
-    return max(map(len, ids))
+    return load_tokenizer(model_dir), model_context(model_dir)

@@ -7,7 +7,8 @@ Layout of ``out``::
 
     config.json             the model's config (architecture, dtype: the dtype the policy was trained in)
     model.safetensors       the trained policy weights (sharded with an index for large models)
-    generation_config.json  eos_token_id and pad_token_id: the ids the trainer stops on and pads with
+    generation_config.json  eos_token_id and pad_token_id: the ids the trainer stops on (the tokenizer's
+                            EOS first, then those the source model's generation config lists) and pads with
     tokenizer.json, tokenizer_config.json
                             the tokenizer exactly as training used it (pad falls back to EOS, left padding)
     chat_template.jinja     the source tokenizer's chat template, when it has one (the embedded one has)
@@ -34,7 +35,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from reasonrl.checkpoint.store import CheckpointCorruptError, find_latest, fsync_dir, list_checkpoints, load_checkpoint
 from reasonrl.config import Config, load
-from reasonrl.data.model import load_model, load_tokenizer
+from reasonrl.data.model import join_eos_ids, load_model, load_tokenizer
 from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.tokenizer import CHAT_TEMPLATE
 from reasonrl.errors import InputError, InputNotFound, error_line
@@ -125,7 +126,7 @@ def write_model_dir(module: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                     source: dict[str, Any]) -> Path:
     """Write ``module`` (its weights in their own dtype) and ``tokenizer`` to ``out`` atomically.
 
-    Adds generation_config.json with the tokenizer's EOS id (what rollouts stop on) and pad id,
+    Adds generation_config.json with the EOS ids rollouts stop on and the pad id,
     and ``reasonrl_export.json`` holding ``source`` (what was exported). Checks that plain
     ``AutoTokenizer.from_pretrained`` of the result tokenises :data:`PROBES` as ``tokenizer``
     does (InputError naming the class it loads otherwise: the model type picks another tokenizer).
@@ -165,11 +166,13 @@ def check_target(out: Path) -> None:
 
 
 def generation_config(module: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
-    """The module's generation config (a copy) with the tokenizer's EOS and pad ids: generation
-    stops where the trainer's rollouts stopped."""
+    """The module's generation config (a copy) with the EOS ids the trainer's rollouts stop on
+    (:func:`~reasonrl.data.model.join_eos_ids` of the tokenizer's and the config's: one id, or a
+    list) and the tokenizer's pad id: generation stops where the trainer's rollouts stopped."""
     base = getattr(module, "generation_config", None)
     config = copy.deepcopy(base) if base is not None else GenerationConfig.from_model_config(module.config)
-    config.eos_token_id = tokenizer.eos_token_id
+    eos_ids = join_eos_ids(tokenizer.eos_token_id, config.eos_token_id)
+    config.eos_token_id = eos_ids[0] if len(eos_ids) == 1 else list(eos_ids)
     config.pad_token_id = tokenizer.pad_token_id
     return config
 

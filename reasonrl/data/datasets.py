@@ -93,7 +93,9 @@ def render_prompt(prompt: Prompt, tokenizer: Any) -> str:
 
     A plain-text prompt is returned as is. Messages go through the tokenizer's chat
     template (with the generation prompt) when it has one, else become ``role: content``
-    lines followed by ``assistant: ``.
+    lines followed by ``assistant: ``. A chat template's text already holds the special
+    tokens the model expects (a BOS the template writes): tokenise it with
+    ``add_special_tokens=False`` (:func:`reasonrl.data.splits.encode_prompts` does).
     """
     if isinstance(prompt.text, str):
         return prompt.text

@@ -106,6 +106,40 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tok
 
 
+def load_eos_ids(path: str | Path, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """Every token id generation of the model in ``path`` ends on: ``tokenizer.eos_token_id``,
+    then each ``eos_token_id`` of its generation_config.json (an int or a list; without that
+    file, config.json's, which is what ``transformers`` generates with). Llama 3 Instruct lists
+    ``<|end_of_text|>`` and ``<|eot_id|>`` there, while its tokenizer names one of them."""
+    path = Path(path)
+    generation = path / "generation_config.json"
+    source = generation if generation.is_file() else path / "config.json"
+    try:
+        listed = json.loads(source.read_text(encoding="utf-8")).get("eos_token_id") if source.is_file() else None
+    except (OSError, ValueError, AttributeError) as err:
+        raise InputError(f"model.path: {source} is not a readable JSON object ({error_line(err)})") from None
+    return join_eos_ids(tokenizer.eos_token_id, listed, source)
+
+
+def join_eos_ids(first: int, listed: int | list[int] | None, source: str | Path = "generation_config") -> tuple[int, ...]:
+    """``first`` followed by the ids of ``listed`` (an ``eos_token_id`` value: an int, a list of
+    ints or None) not already there; a value of another kind is an InputError naming ``source``."""
+    values = [] if listed is None else listed if isinstance(listed, list) else [listed]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise InputError(f"model.path: eos_token_id = {listed!r} in {source}: expected a token id or a list of token ids")
+    return tuple(dict.fromkeys([first, *values]))
+
+
+def model_context(path: str | Path) -> int:
+    """The context length of the model in ``path``: ``max_position_embeddings`` of its
+    config.json; InputError naming the file when it has none."""
+    config = Path(path) / "config.json"
+    try:
+        return int(json.loads(config.read_text(encoding="utf-8"))["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise InputError(f"model.path: {config} has no readable max_position_embeddings ({error_line(err)})") from None
+
+
 def _tokenizer_class(path: Path) -> type:
     """PreTrainedTokenizerFast for a generic `tokenizers` file, else AutoTokenizer.
 

@@ -187,11 +187,112 @@ def _dedupe_note(d: DataConfig, dropped: int | None, test_dropped: int, test_nam
     return f"; data.dedupe dropped {dropped} repeated rows of data.source and {test_dropped} of {test_name}"
 
 
-def tokenize_prompts(prompts: list[Prompt], tokenizer, max_len: int, source: str) -> list[list[int]]:
-    """Token ids of each prompt as the model sees it (chat template applied); a prompt longer
-    than ``max_len`` tokens (``data.max_prompt_len``) is an InputError naming it and ``source``."""
-    ids = tokenizer([render_prompt(p, tokenizer) for p in prompts])["input_ids"]
-    for p, row in zip(prompts, ids):
-        if len(row) > max_len:
-            raise InputError(f"data.max_prompt_len: prompt {p.id} of {source} has {len(row)} tokens, more than {max_len}")
+@dataclass(frozen=True)
+class PromptTokens:
+    """The token ids of a list of prompts, after ``data.truncation`` (:func:`tokenize_prompts`)."""
+
+    prompts: list[Prompt]
+    """The prompts kept, in order (``drop`` leaves some out): ``ids[i]`` is ``prompts[i]``'s."""
+    ids: list[list[int]]
+    """Token ids of each kept prompt, as the model sees it."""
+    limit: int
+    """The most tokens a prompt may have: data.max_prompt_len, or the model's context less
+    the response limit when that is smaller."""
+    truncated: int = 0
+    """Prompts cut to their last ``limit`` tokens (``data.truncation=left``)."""
+    dropped: int = 0
+    """Prompts left out (``data.truncation=drop``)."""
+
+    @property
+    def longest(self) -> int:
+        """Tokens of the longest kept prompt."""
+        return max(map(len, self.ids), default=0)
+
+    def note(self, source: str) -> str:
+        """What data.truncation did to the prompts of ``source``, in one line; '' when nothing."""
+        total = len(self.prompts) + self.dropped
+        if self.truncated:
+            return (f"data.truncation=left: {self.truncated} of {total} prompts of {source} were longer than "
+                    f"{self.limit} tokens and are cut to {self.limit}, keeping their end")
+        if self.dropped:
+            return (f"data.truncation=drop: {self.dropped} of {total} prompts of {source} were longer than "
+                    f"{self.limit} tokens and are left out")
+        return ""
+
+
+def tokenize_prompts(prompts: list[Prompt], tokenizer, cfg: Config, context: int, source: str,
+                     held_out: bool = False) -> PromptTokens:
+    """Token ids of each prompt as the model sees it (:func:`encode_prompts`), each within the
+    longest prompt the run allows: ``data.max_prompt_len`` tokens, and no more than the model's
+    ``context`` (its max_position_embeddings) less the response limit, ``rollout.max_new_tokens``
+    (``held_out``: the held-out prompts, whose limit is ``eval.max_new_tokens`` when set).
+
+    A longer prompt is handled by ``data.truncation``: ``error``, an InputError naming the
+    prompt, ``source`` (where the prompts come from), its length, the limit and the key to
+    change; ``left``, its last tokens are kept, and its first one too when that is the
+    tokenizer's BOS (the start of every sequence the model has seen, and of every chat
+    template that writes one); ``drop``, it is left out. The result counts both.
+    """
+    d = cfg.data
+    key, max_new = response_limit(cfg, held_out)
+    room = context - max_new
+    if room < 1:
+        raise InputError(f"{key} = {max_new}: leaves no room for a prompt in the model's context of {context} tokens "
+                         f"(max_position_embeddings); lower {key}")
+    limit = min(d.max_prompt_len, room)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    kept, ids, truncated = [], [], 0
+    for p, row in zip(prompts, encode_prompts(prompts, tokenizer)):
+        if len(row) > limit:
+            if d.truncation == "error":
+                raise InputError(_too_long(p, source, len(row), cfg, key, max_new, context))
+            if d.truncation == "drop":
+                continue
+            row = [bos] + row[len(row) - limit + 1:] if bos is not None and row[0] == bos and limit > 1 else row[-limit:]
+            truncated += 1
+        kept.append(p)
+        ids.append(row)
+    if prompts and not kept:
+        raise InputError(f"data.truncation=drop: all {len(prompts)} prompts of {source} are longer than {limit} tokens "
+                         f"(data.max_prompt_len = {d.max_prompt_len}, {key} = {max_new}, context {context}); "
+                         f"raise data.max_prompt_len or lower {key}")
+    return PromptTokens(kept, ids, limit, truncated, len(prompts) - len(kept))
+
+
+def encode_prompts(prompts: list[Prompt], tokenizer) -> list[list[int]]:
+    """Token ids of the text of each prompt (:func:`~reasonrl.data.datasets.render_prompt`).
+
+    A chat template is applied once: its text already holds every special token the model
+    expects (Llama 3's ``<|begin_of_text|>``), so it is tokenised with
+    ``add_special_tokens=False``, as ``apply_chat_template(tokenize=True)`` does. A plain-text
+    prompt, and the ``role: content`` lines of messages without a template, get the
+    tokenizer's own special tokens (a BOS where the tokenizer adds one), as any text the model
+    was trained on."""
+    templated = [isinstance(p.text, list) and bool(getattr(tokenizer, "chat_template", None)) for p in prompts]
+    texts = [render_prompt(p, tokenizer) for p in prompts]
+    ids: list[list[int]] = [[] for _ in prompts]
+    for special in (False, True):
+        rows = [i for i, t in enumerate(templated) if t != special]
+        if rows:
+            encoded = tokenizer([texts[i] for i in rows], add_special_tokens=special)["input_ids"]
+            for i, row in zip(rows, encoded):
+                ids[i] = list(row)
     return ids
+
+
+def response_limit(cfg: Config, held_out: bool = False) -> tuple[str, int]:
+    """(key, tokens) of the longest response sampled for a prompt: ``rollout.max_new_tokens``;
+    for held-out prompts ``eval.max_new_tokens`` when set."""
+    if held_out and cfg.eval.max_new_tokens:
+        return "eval.max_new_tokens", cfg.eval.max_new_tokens
+    return "rollout.max_new_tokens", cfg.rollout.max_new_tokens
+
+
+def _too_long(p: Prompt, source: str, length: int, cfg: Config, key: str, max_new: int, context: int) -> str:
+    """The InputError message for a prompt of ``length`` tokens over the limit (data.truncation=error)."""
+    where = f"prompt {p.id} of {source} has {length} tokens"
+    fix = "or set data.truncation=left (keep its last tokens) or drop (leave it out)"
+    if length > cfg.data.max_prompt_len:
+        return f"data.max_prompt_len = {cfg.data.max_prompt_len}: {where}, more than that; raise data.max_prompt_len, {fix}"
+    return (f"{key} = {max_new}: {where}, and {length} + {max_new} exceeds the model's context of {context} tokens "
+            f"(max_position_embeddings); lower {key}, {fix}")

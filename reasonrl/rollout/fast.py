@@ -26,14 +26,14 @@ processes share those cores, fewer threads are faster (spinning threads wait on 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from reasonrl.decoder import LeanDecoder
 from reasonrl.errors import InputError
 from reasonrl.rollout.base import copy_weights
-from reasonrl.rollout.hf import assemble, draw_seed, pad_prompts, response_mask
+from reasonrl.rollout.hf import assemble, draw_seed, eos_tuple, is_eos, pad_prompts, response_mask
 from reasonrl.types import RolloutBatch, SamplingParams
 
 # Compact the batch once at most this fraction of its rows is still live.
@@ -151,20 +151,21 @@ class FastGenerator:
     graph; ``None`` (the default) does so on CUDA devices and compacts the batch elsewhere;
     ``True`` on a CPU runs the same fixed-shape loop eagerly (tests). Under greedy decoding
     both loops give the same tokens; with sampling each has its own random stream (one
-    number per live row and step vs one per row and step).
+    number per live row and step vs one per row and step). A row ends on any of ``eos_ids``.
     """
 
     trainer_numerics = True
     streams = True
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, static_shapes: bool | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_ids: int | Sequence[int],
+                 static_shapes: bool | None = None) -> None:
         try:
             self.decoder = LeanDecoder(model)
         except ValueError as err:
             raise InputError(f"rollout.backend=fast: {err}; use rollout.backend=hf") from None
         self.model = model
         self.pad_id = pad_id
-        self.eos_id = eos_id
+        self.eos_ids = eos_tuple(eos_ids)
         self.static_shapes = static_shapes
 
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -193,7 +194,7 @@ class FastGenerator:
                 response_ids, logprobs = decoded.tokens, decoded.logprobs
         finally:
             self.model.train(was_training)
-        return assemble(prompt_ids, prompt_mask, response_ids, logprobs, n, self.pad_id, self.eos_id)
+        return assemble(prompt_ids, prompt_mask, response_ids, logprobs, n, self.pad_id, self.eos_ids)
 
     def generate_stream(
         self,
@@ -240,7 +241,7 @@ class FastGenerator:
             self.model.train(was_training)
         aborted = (~reported).nonzero().squeeze(-1)
         aborted_rows = self._group_rows(aborted, n, device)
-        aborted_mask, _ = response_mask(tokens[aborted_rows, :steps_run], self.eos_id)
+        aborted_mask, _ = response_mask(tokens[aborted_rows, :steps_run], self.eos_ids)
         order = reported.nonzero().squeeze(-1)  # completed groups, prompt order
         batch = self._rows(prompt_ids, prompt_mask, tokens, logprobs, self._group_rows(order, n, device), n)
         return StreamResult(
@@ -259,7 +260,7 @@ class FastGenerator:
     def _rows(self, prompt_ids, prompt_mask, tokens, logprobs, rows: torch.Tensor, n: int) -> RolloutBatch:
         """The RolloutBatch of rows ``rows`` (whole groups), ``group_ids`` = prompt indices."""
         batch = assemble(
-            prompt_ids[rows], prompt_mask[rows], tokens[rows], logprobs[rows], n, self.pad_id, self.eos_id
+            prompt_ids[rows], prompt_mask[rows], tokens[rows], logprobs[rows], n, self.pad_id, self.eos_ids
         )
         batch.group_ids = rows // n
         return batch
@@ -302,7 +303,8 @@ class FastGenerator:
         """Decode ``[B, P]`` prompts, each repeated ``n`` times in a row: ``Decoded(tokens [B, S],
         logprobs [B, S], ...)``; anything after a row's end is garbage.
 
-        ``limits`` [B] (optional): row r ends after ``limits[r]`` tokens (<= max_new_tokens).
+        A row ends on any of ``self.eos_ids``. ``limits`` [B] (optional): row r ends after
+        ``limits[r]`` tokens (<= max_new_tokens).
         With ``on_step``, it is called after each step ``t`` at which some row ended, as
         ``on_step(t, ended [B] bool, tokens, logprobs)`` (``ended``: the row has emitted EOS or
         reached its limit or ``max_new_tokens``); a True return stops the loop at once
@@ -316,6 +318,7 @@ class FastGenerator:
         device = prompt_ids.device
         tokens_out = torch.full((B, steps), self.pad_id, dtype=torch.long, device=device)
         logprobs_out = torch.zeros((B, steps), device=device)
+        eos_ids = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
         if steps == 0:
             stopped = on_step is not None and bool(on_step(-1, torch.ones(B, dtype=torch.bool, device=device), tokens_out, logprobs_out))
             return Decoded(tokens_out, logprobs_out, stopped, False, 0)
@@ -328,7 +331,7 @@ class FastGenerator:
         ended = torch.zeros(B, dtype=torch.bool, device=device) if on_step is not None else None
         static_step = None
         if static:
-            state = (layers, cache, table, key_bias, logits, position, P)
+            state = (layers, cache, table, key_bias, logits, position, P, eos_ids)
             static_step = self._static_step(state, params, rng, tokens_out, logprobs_out, alive)
         live_before, stopped, interrupted, t = B, False, False, 0
         for t in range(steps):
@@ -338,7 +341,7 @@ class FastGenerator:
                 tokens, logprobs = sample(logits, params, rng)
                 tokens_out[rows, t] = tokens
                 logprobs_out[rows, t] = logprobs
-                alive &= tokens != self.eos_id
+                alive &= ~is_eos(tokens, eos_ids)
                 if limits is not None:
                     alive &= limits[rows] > t + 1
             n_alive = int(alive.sum())
@@ -374,24 +377,24 @@ class FastGenerator:
         one captured graph (:func:`capture_graph`), replayed; elsewhere it runs eagerly.
 
         ``state`` is ``(layers, cache, rope table, key bias, logits [B, V] after the
-        prompts, first positions [B], P)``. The step keeps its inputs in tensors of its own:
+        prompts, first positions [B], P, EOS ids [E] on the device)``. The step keeps its inputs in tensors of its own:
         the step index on the device, the logits buffer, and the uniforms of every step,
         drawn at once (``[steps, B]`` from ``rng``, one per row and step).
         """
-        layers, cache, table, key_bias, logits, position, P = state
+        layers, cache, table, key_bias, logits, position, P, eos = state
         device, steps = logits.device, tokens_out.shape[1]
         t_now = torch.zeros(1, dtype=torch.long, device=device)
         uniforms = None
         if params.temperature > 0:
             uniforms = torch.rand((steps, logits.shape[0], 1), generator=rng, device=rng.device).to(device)
-        decoder, eos = self.decoder, self.eos_id
+        decoder = self.decoder
 
         def run() -> None:
             u = None if uniforms is None else uniforms.index_select(0, t_now)[0]
             tokens, logprobs = sample(logits, params, None, u)
             tokens_out.index_copy_(1, t_now, tokens[:, None])
             logprobs_out.index_copy_(1, t_now, logprobs[:, None])
-            alive.logical_and_(tokens != eos)
+            alive.logical_and_(~is_eos(tokens, eos))
             logits.copy_(decoder.decode(layers, tokens, position + t_now, key_bias, cache, table, slot=P + t_now))
 
         if device.type != "cuda":

@@ -1,11 +1,14 @@
 """The reference rollout backend: ``transformers`` ``model.generate``.
 
-Also holds the two helpers every backend shares: :func:`pad_prompts` (repeat and
-left-pad the prompts) and :func:`assemble` (turn generated tokens and their raw
-logits into a :class:`~reasonrl.types.RolloutBatch`).
+Also holds the helpers every backend shares: :func:`pad_prompts` (repeat and
+left-pad the prompts), :func:`assemble` (turn generated tokens and their raw
+logits into a :class:`~reasonrl.types.RolloutBatch`) and :func:`eos_tuple` / :func:`is_eos`
+(a sample ends on any of the model's EOS ids, :func:`~reasonrl.data.model.load_eos_ids`).
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -37,12 +40,27 @@ def pad_prompts(
     )
 
 
-def response_mask(response_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(mask [B, T] float, eos [B] bool)``: 1 up to and including the first ``eos_id``."""
-    is_eos = response_ids == eos_id
-    eos = is_eos.any(-1)
+def eos_tuple(eos_ids: int | Sequence[int]) -> tuple[int, ...]:
+    """The EOS ids a backend stops on, as a non-empty tuple (one id may be given as an int)."""
+    ids = (int(eos_ids),) if isinstance(eos_ids, int) else tuple(int(i) for i in eos_ids)
+    if not ids:
+        raise ValueError("eos_ids: expected at least one EOS token id")
+    return ids
+
+
+def is_eos(tokens: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
+    """Bool tensor of ``tokens``' shape: the token is one of ``eos_ids`` (a 1-D long tensor on
+    the tokens' device; no host sync, so a CUDA graph may hold it)."""
+    return (tokens.unsqueeze(-1) == eos_ids).any(-1)
+
+
+def response_mask(response_ids: torch.Tensor, eos_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mask [B, T] float, eos [B] bool)``: 1 up to and including the first token that is
+    one of ``eos_ids``."""
+    ended = is_eos(response_ids, torch.tensor(eos_ids, dtype=torch.long, device=response_ids.device))
+    eos = ended.any(-1)
     # Number of EOS tokens strictly before each position: 0 means still live (or the EOS itself).
-    before = torch.cumsum(is_eos.long(), -1) - is_eos.long()
+    before = torch.cumsum(ended.long(), -1) - ended.long()
     return (before == 0).float(), eos
 
 
@@ -53,15 +71,15 @@ def assemble(
     logprobs: torch.Tensor,
     n: int,
     pad_id: int,
-    eos_id: int,
+    eos_ids: Sequence[int],
 ) -> RolloutBatch:
     """Build the RolloutBatch from raw generated tokens and their log-probs.
 
-    ``response_ids`` [B, S] may hold anything after a row's first EOS; those positions
+    ``response_ids`` [B, S] may hold anything after a row's first EOS (any of ``eos_ids``); those positions
     are set to ``pad_id`` (log-prob 0), and the responses are trimmed to the longest one.
     ``versions`` are 0: the rollout worker stamps the version of the weights it sampled with.
     """
-    mask, eos = response_mask(response_ids, eos_id)
+    mask, eos = response_mask(response_ids, eos_ids)
     T = int(mask.sum(-1).max().item()) if mask.numel() else 0
     mask = mask[:, :T]
     B = prompt_ids.shape[0]
@@ -88,16 +106,16 @@ class HFGenerator:
 
     It samples with ``model``: the trainer's own module when colocated with the policy (it
     then sees every update at once), or a copy that :meth:`load_weights` refreshes. The
-    returned tensors live on the model's device.
+    returned tensors live on the model's device. A sample ends on any of ``eos_ids``.
     """
 
     trainer_numerics = True
     streams = False
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_ids: int | Sequence[int]) -> None:
         self.model = model
         self.pad_id = pad_id
-        self.eos_id = eos_id
+        self.eos_ids = eos_tuple(eos_ids)
 
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         copy_weights(self.model, tensors)
@@ -126,7 +144,7 @@ class HFGenerator:
             min_new_tokens=0,
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
-            eos_token_id=self.eos_id,
+            eos_token_id=list(self.eos_ids),
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_logits=True,
@@ -152,4 +170,4 @@ class HFGenerator:
         temperature = params.temperature if sample else 1.0
         logits = torch.stack(out.logits, dim=1).float() / temperature
         logprobs = torch.log_softmax(logits, -1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
-        return assemble(prompt_ids, prompt_mask, response_ids, logprobs, n, self.pad_id, self.eos_id)
+        return assemble(prompt_ids, prompt_mask, response_ids, logprobs, n, self.pad_id, self.eos_ids)

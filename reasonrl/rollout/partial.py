@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import torch
 
 from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
-from reasonrl.rollout.hf import draw_seed, pad_prompts
+from reasonrl.rollout.hf import draw_seed, is_eos, pad_prompts
 from reasonrl.types import RolloutBatch, SamplingParams
 
 
@@ -137,17 +137,17 @@ class PartialRollouts:
         )
 
     def _length(self, tokens: torch.Tensor, limit: int | None) -> int:
-        """Tokens of a row that has ended by step ``len(tokens) - 1``: through its first EOS
-        within its limit, else up to the limit (what follows either is garbage)."""
+        """Tokens of a row that has ended by step ``len(tokens) - 1``: through its first EOS (any
+        of the backend's EOS ids) within its limit, else up to the limit (what follows either is garbage)."""
         if limit is not None:
             tokens = tokens[:limit]
-        eos = (tokens == self.fast.eos_id).nonzero()
+        eos = is_eos(tokens, torch.tensor(self.fast.eos_ids, dtype=torch.long, device=tokens.device)).nonzero()
         return int(eos[0]) + 1 if eos.numel() else len(tokens)
 
     def _batch(self, rows: _Rows, which: list[int], n: int) -> RolloutBatch:
         """The RolloutBatch of rows ``which`` (whole groups, prompt order), ``group_ids`` = prompt index."""
         device = next(self.fast.model.parameters()).device
-        pad, eos_id = self.fast.pad_id, self.fast.eos_id
+        pad, eos_ids = self.fast.pad_id, self.fast.eos_ids
         B = len(which)
         if B == 0:
             prompt_ids = prompt_mask = torch.zeros((0, 0), dtype=torch.long, device=device)
@@ -164,7 +164,7 @@ class PartialRollouts:
             versions[i, :k] = torch.tensor(rows.versions[r], dtype=torch.long)
         lengths = torch.tensor([len(rows.tokens[r]) for r in which], dtype=torch.long)
         mask = (torch.arange(T)[None] < lengths[:, None]).float()
-        eos = torch.tensor([bool(rows.tokens[r]) and rows.tokens[r][-1] == eos_id for r in which], dtype=torch.bool)
+        eos = torch.tensor([bool(rows.tokens[r]) and rows.tokens[r][-1] in eos_ids for r in which], dtype=torch.bool)
         return RolloutBatch(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids.to(device),
             response_mask=mask.to(device), logprobs=logprobs.to(device), eos=eos.to(device), truncated=(~eos).to(device),

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
-from reasonrl.rollout.hf import assemble, draw_seed, pad_prompts
+from reasonrl.rollout.hf import assemble, draw_seed, eos_tuple, pad_prompts
 from reasonrl.types import RolloutBatch, SamplingParams
 
 INSTALL_HINT = (
@@ -51,7 +52,8 @@ class VLLMGenerator:
     ``gpu_memory_utilization`` the share of GPU memory vLLM may take for its weights and
     key/value cache beside the training state (ignored on a CPU);
     ``max_model_len`` the longest prompt + response it must hold (None: the model's
-    ``max_position_embeddings``).
+    ``max_position_embeddings``). A sample ends on any of ``eos_ids`` (vLLM's ``stop_token_ids``,
+    the stop token kept in the output as the built-in backends keep it).
     """
 
     trainer_numerics = False  # its own kernels
@@ -62,7 +64,7 @@ class VLLMGenerator:
         model_dir: str | Path,
         device: str,
         pad_id: int,
-        eos_id: int,
+        eos_ids: int | Sequence[int],
         dtype: str = "float32",
         gpu_memory_utilization: float = 0.4,
         max_model_len: int | None = None,
@@ -83,7 +85,7 @@ class VLLMGenerator:
         )
         self.device = torch.device(device)
         self.pad_id = pad_id
-        self.eos_id = eos_id
+        self.eos_ids = eos_tuple(eos_ids)
         self.syncs = 0
         """Weight copies into the engine so far."""
 
@@ -115,7 +117,7 @@ class VLLMGenerator:
             max_tokens=params.max_new_tokens,
             seed=draw_seed(generator),
             logprobs=0,  # the sampled token's own log-prob
-            stop_token_ids=[self.eos_id],
+            stop_token_ids=list(self.eos_ids),
             detokenize=False,
         )
         requests = [{"prompt_token_ids": p} for p in prompts for _ in range(n if greedy else 1)]
@@ -128,4 +130,4 @@ class VLLMGenerator:
                 row, tokens = i * len(request.outputs) + sample.index, list(sample.token_ids)
                 response_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
                 logprobs[row, : len(tokens)] = torch.tensor([lp[t].logprob for lp, t in zip(sample.logprobs, tokens)])
-        return assemble(prompt_ids, prompt_mask, response_ids.to(device), logprobs.to(device), n, self.pad_id, self.eos_id)
+        return assemble(prompt_ids, prompt_mask, response_ids.to(device), logprobs.to(device), n, self.pad_id, self.eos_ids)

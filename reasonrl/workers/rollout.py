@@ -4,30 +4,31 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from reasonrl.config import Config
-from reasonrl.data.model import load_model, load_tokenizer
+from reasonrl.data.model import load_eos_ids, load_model, load_tokenizer
 from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.rollout.partial import PartialRollouts
 from reasonrl.types import RolloutBatch, SamplingParams, WeightsUpdate
 
 
-def build_backend(cfg: Config, model_dir: Path, module: torch.nn.Module | None, pad_id: int, eos_id: int):
-    """The backend of ``rollout.backend`` over ``module`` (vLLM builds its own engine from
-    ``model_dir``; it is imported only when chosen)."""
+def build_backend(cfg: Config, model_dir: Path, module: torch.nn.Module | None, pad_id: int, eos_ids: Sequence[int]):
+    """The backend of ``rollout.backend`` over ``module``, stopping on any of ``eos_ids`` (vLLM
+    builds its own engine from ``model_dir``; it is imported only when chosen)."""
     r = cfg.rollout
     if r.backend == "fast":
         static = None if r.cuda_graph else False  # None: graphs on CUDA only
-        return FastGenerator(module, pad_id, eos_id, static_shapes=static)
+        return FastGenerator(module, pad_id, eos_ids, static_shapes=static)
     if r.backend == "hf":
-        return HFGenerator(module, pad_id, eos_id)
+        return HFGenerator(module, pad_id, eos_ids)
     from reasonrl.rollout.vllm import VLLMGenerator
 
     return VLLMGenerator(
-        model_dir, cfg.run.device, pad_id, eos_id, cfg.model.dtype,
+        model_dir, cfg.run.device, pad_id, eos_ids, cfg.model.dtype,
         r.vllm_gpu_memory_utilization, r.vllm_max_model_len, cfg.run.seed,
     )
 
@@ -60,7 +61,9 @@ class RolloutWorker:
         self.shares_weights = module is not None
         if module is None and cfg.rollout.backend != "vllm":
             module = load_model(model_dir, cfg.model.dtype, cfg.run.device)
-        self.backend = build_backend(cfg, model_dir, module, tokenizer.pad_token_id, tokenizer.eos_token_id)
+        self.eos_ids = load_eos_ids(model_dir, tokenizer)
+        """Every id a sample ends on: the tokenizer's EOS and those of the model's generation config."""
+        self.backend = build_backend(cfg, model_dir, module, tokenizer.pad_token_id, self.eos_ids)
         self.partial = cfg.rollout.interrupt
         if self.partial:  # it tags each token with its version itself
             self.backend = PartialRollouts(self.backend, self._has_offer, self._load_offered, lambda: self.version)

@@ -146,5 +146,5 @@ def test_eval_refuses_what_it_cannot_evaluate(warm_start, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--source nope: no row has that data_source (the data sources are: embedded/add, embedded/mul" in err
     assert main(["eval", "--limit", "2", "eval.max_new_tokens=250", "data.train_size=64", "--out", str(tmp_path / "s.jsonl")]) == 2
-    assert "eval.max_new_tokens = 250: the longest prompt has" in capsys.readouterr().err
+    assert "eval.max_new_tokens = 250: prompt test-0 of embedded has 8 tokens, and 8 + 250 exceeds" in capsys.readouterr().err
     assert not (tmp_path / "s.jsonl").exists()  # nothing is written before a model has been evaluated

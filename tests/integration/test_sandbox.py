@@ -75,11 +75,12 @@ def test_bwrap_hides_host_files_blocks_writes_outside_and_has_no_network(tmp_pat
     assert net.returncode == 0 and "connected" not in net.stdout and net.stdout.count("blocked") == 2
 
 
-def test_hostile_code_scores_as_failure_and_the_next_sample_still_passes():
-    fn = make_code_reward(RewardConfig(code_timeout_s=3.0, code_memory_mb=256))
+def test_hostile_code_scores_as_failure_and_the_next_sample_still_passes(level):
+    fn = make_code_reward(RewardConfig(code_timeout_s=3.0, code_memory_mb=256, sandbox=level))
     hostile = ["while True: pass", "import os\nwhile True:\n    os.fork()", "x = bytearray(4 << 30)",
-               "open('/etc/passwd').read()\nimport socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)",
                "import sys\nprint('\\nfake 3')\nsys.exit(0)"]
+    if level == "bwrap":  # rlimits hides neither files nor the network (docs/sandbox.md)
+        hostile.append("open('/etc/passwd').read()\nimport socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)")
     for body in hostile:
         out = fn(f"```python\n{body}\ndef f(x):\n    return 3*x+2\n```", TESTS)
         assert out["acc"] is False and out["score"] == -1.0 and out["tests_passed"] == 0, body

@@ -10,15 +10,19 @@ Two levels (``reward.sandbox``; docs/sandbox.md says what each contains):
     ``sandbox`` extra): new network, PID, IPC and UTS namespaces (no network at all; the
     program is PID 2 and dies with the sandbox), a filesystem holding only read-only copies of
     /usr, /lib, /bin, /etc/alternatives and the interpreter's prefix, an empty /tmp, and a
-    throw-away working directory; no environment variables.
+    throw-away working directory of WORK_BYTES in memory; no environment variables.
 ``rlimits``
-    the same resource limits and a throw-away working directory, no environment variables,
-    Python's isolated mode; nothing hides the host's files or the network.
+    the same resource limits and a throw-away working directory on the host's disk (each file
+    capped, not their number), no environment variables, Python's isolated mode; nothing hides
+    the host's files or the network, and a child that starts a session of its own escapes the
+    kill at the timeout (it keeps its CPU-time limit).
 
 Both: CPU time, address space, file size, open files and processes are limited
 (``setrlimit``), a root caller runs the program as ``nobody`` (the process limit does not
-bind root), output is cut at :data:`MAX_OUTPUT` bytes, and a wall-clock timeout kills the
-whole process group. ``auto`` is ``bwrap`` where a probe shows it works, else ``rlimits``.
+bind root), output goes to files capped like any other and is read back up to
+:data:`MAX_OUTPUT` bytes, and a wall-clock timeout kills the whole process group (under bwrap
+the PID namespace: every process of the sandbox). ``auto`` is ``bwrap`` where a probe shows it
+works, else ``rlimits``.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ MAX_PROCESSES = 16
 """RLIMIT_NPROC of the program's user: a fork bomb stops there."""
 MAX_FILE_BYTES = 1 << 20
 """RLIMIT_FSIZE: no file the program writes grows past this."""
+WORK_BYTES = 64 << 20
+"""bwrap: the size of the working directory (a tmpfs), all files together."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,8 @@ def _bwrap_args(bwrap: str, work: Path) -> list[str]:
     for parent in parents:  # a prefix under /root (700) must be reachable by nobody
         args += ["--perms", "0755", "--dir", str(parent)]
     args += ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-             "--bind", str(work), "/work", "--chdir", "/work"]
+             "--perms", "0777", "--size", str(WORK_BYTES), "--tmpfs", "/work",
+             "--ro-bind", str(work / "program.py"), "/work/program.py", "--chdir", "/work"]
     return args
 
 
@@ -144,21 +151,28 @@ def _run_at(level: str, source: str, stdin: str, limits: Limits) -> Result:
 
 
 def _run(argv: list[str], cwd: Path, stdin: str, wall_s: float) -> Result:
-    proc = subprocess.Popen(argv, cwd=cwd, env={}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    timed_out = False
-    try:
-        out, err = proc.communicate(stdin.encode(), timeout=wall_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc.pid)
-        out, err = proc.communicate()
-    finally:
-        if proc.poll() is None:
+    """Run ``argv`` with ``stdin``; stdout and stderr go to unlinked files (the file-size limit
+    caps them, so a flood of output costs this process nothing, and no pipe left open by an
+    escaped child can keep it waiting), of which MAX_OUTPUT bytes are read back."""
+    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
+        fin.write(stdin.encode())
+        fin.seek(0)
+        proc = subprocess.Popen(argv, cwd=cwd, env={}, stdin=fin, stdout=fout, stderr=ferr, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=wall_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
             _kill_group(proc.pid)
             proc.wait()
-    return Result(proc.returncode, out[:MAX_OUTPUT].decode(errors="replace"), err[:MAX_OUTPUT].decode(errors="replace"),
-                  timed_out)
+        out, err = (_head(f) for f in (fout, ferr))
+    return Result(proc.returncode, out, err, timed_out)
+
+
+def _head(file) -> str:
+    file.seek(0)
+    return file.read(MAX_OUTPUT).decode(errors="replace")
 
 
 def _kill_group(pid: int) -> None:

@@ -15,7 +15,7 @@ from reasonrl.controller import Controller
 from reasonrl.errors import InputError
 from reasonrl.metrics import read_jsonl
 from reasonrl.reward.code import make_code_reward
-from reasonrl.reward.sandbox import LEVELS, Limits, probe, run_program
+from reasonrl.reward.sandbox import LEVELS, MAX_OUTPUT, Limits, probe, run_program
 from tests.conftest import tiny_run
 
 
@@ -50,6 +50,8 @@ def test_an_infinite_loop_and_a_fork_bomb_and_a_memory_hog_are_stopped(level):
     assert hog.returncode != 0 and "MemoryError" in hog.stderr and "allocated" not in hog.stdout
     big = run_program("open('big', 'wb').write(b'x' * (50 << 20))", "", Limits(wall_s=5), level)
     assert big.returncode != 0 and "File too large" in big.stderr
+    flood = run_program("while True:\n    print('x' * 1000)", "", Limits(wall_s=2), level)
+    assert "File too large" in flood.stderr and len(flood.stdout) <= MAX_OUTPUT
 
 
 def test_bwrap_hides_host_files_blocks_writes_outside_and_has_no_network(tmp_path):
@@ -62,6 +64,9 @@ def test_bwrap_hides_host_files_blocks_writes_outside_and_has_no_network(tmp_pat
     write = run_program(f"open({str(outside)!r}, 'w').write('x')\nopen('/usr/evil', 'w').write('x')", "",
                         Limits(wall_s=5), level)
     assert write.returncode != 0 and not outside.exists() and not os.path.exists("/usr/evil")
+    fill = run_program("for i in range(100):\n    open(f'f{i}', 'wb').write(b'x' * ((1 << 20) - 1))\nprint('filled')",
+                       "", Limits(wall_s=10), level)
+    assert "No space left" in fill.stderr and "filled" not in fill.stdout
     with socket.socket() as server:  # a host port the program must not reach
         server.bind(("127.0.0.1", 0))
         server.listen()

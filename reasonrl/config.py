@@ -362,9 +362,10 @@ class EvalConfig:
     """Also report greedy accuracy (one greedy response per prompt)."""
     max_new_tokens: int = 0
     """Response length limit of evaluation samples; 0: rollout.max_new_tokens."""
-    batch_prompts: int = 64
+    batch_prompts: int = 256
     """Prompts generated together (each with its k samples): the unit of the progress bar
-    and of generation memory. The samples drawn depend on it (one seeded random stream)."""
+    and of generation memory (lower it for large models or k). The samples drawn depend on it
+    (one seeded random stream); a validation of at most this many prompts is one batch."""
 
 
 @dataclass(frozen=True)

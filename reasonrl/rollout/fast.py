@@ -269,16 +269,16 @@ class FastGenerator:
         """Encode each distinct prompt (every ``n``-th row) once into a cache of ``length``
         slots, then copy it to the prompt's ``n`` rows.
 
-        Returns ``(layers, cache, rope table, logits [B, V] of the first response token,
+        Returns ``(fused weights, cache, rope table, logits [B, V] of the first response token,
         key bias [B, 1, 1, length]: -inf on the prompts' padding, 0 elsewhere)``; ``static``:
         the cache's empty slots hold zeros and are masked too (see ``LeanDecoder.decode``).
         """
         decoder = self.decoder
-        dtype = next(self.model.parameters()).dtype
         ids, mask = prompt_ids[::n], prompt_mask[::n]
         P = prompt_mask.shape[1]
         layers = decoder.fuse()
-        table = decoder.rope_table(length, ids.device, dtype)
+        table = decoder.rope_table(length, ids.device, next(self.model.parameters()).dtype)
+        dtype = layers.dtype  # of the products and the cache: autocast's under train.precision=bf16-mixed
         cache = decoder.new_cache(ids.shape[0], length, ids.device, dtype, zeroed=static)
         logits = decoder.prefill(layers, ids, mask, cache, table)
         parent = torch.arange(prompt_ids.shape[0], device=ids.device) // n
@@ -376,7 +376,7 @@ class FastGenerator:
         model on it (cache slot ``P + t``) for the next logits. On CUDA the whole step is
         one captured graph (:func:`capture_graph`), replayed; elsewhere it runs eagerly.
 
-        ``state`` is ``(layers, cache, rope table, key bias, logits [B, V] after the
+        ``state`` is ``(fused weights, cache, rope table, key bias, logits [B, V] after the
         prompts, first positions [B], P, EOS ids [E] on the device)``. The step keeps its inputs in tensors of its own:
         the step index on the device, the logits buffer, and the uniforms of every step,
         drawn at once (``[steps, B]`` from ``rng``, one per row and step).

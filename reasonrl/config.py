@@ -79,7 +79,10 @@ class ModelConfig:
     """'embedded' (the tiny model warm-started by ``reasonrl sft``) or a local Hugging
     Face model directory (config.json, weights, tokenizer)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype of policy, reference and critic."""
+    """Parameter dtype of policy, reference and critic. bfloat16/float16 train the parameters
+    themselves in that dtype (half the memory of float32), where AdamW steps below half the
+    dtype's spacing (bf16: 2^-8 of a weight) are rounded away and lost; train.precision=bf16-mixed
+    keeps float32 parameters and gets the speed of bf16 products instead."""
 
 
 @dataclass(frozen=True)
@@ -326,6 +329,19 @@ class TrainConfig:
     forward pass fewer per step; valid when the sampler holds the trainer's weights and
     numerics), 'recompute' runs the policy again; 'auto' reuses them when the generator
     shares the policy module in fp32, and recomputes otherwise."""
+    precision: Literal["fp32", "bf16-mixed"] = "fp32"
+    """Compute precision of policy, reference, critic and rollout: 'fp32' runs everything in
+    model.dtype; 'bf16-mixed' keeps fp32 parameters, gradients and AdamW state (model.dtype must
+    be float32) and runs matrix products and attention in bf16 (torch.autocast), norms,
+    log-softmax and losses in fp32. Sampling then differs slightly from the trainer's numerics:
+    train.old_logprobs=auto recomputes the old log-probs and the step logs the gap
+    (rollout/logprob_diff_mean, rollout/logprob_diff_max, rollout/logprob_kl)."""
+    grad_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (policy
+    and critic): activation memory of one layer instead of all, for about one more forward."""
+    memory_check: bool = True
+    """Estimate the memory a step needs before training starts (printed with the plan) and
+    stop with an error naming the largest parts when it exceeds the memory available."""
     lr: float = 1e-4
     """AdamW learning rate of the policy."""
     warmup_steps: int = 0
@@ -539,6 +555,9 @@ def validate(cfg: Config) -> None:
              "algo.off_policy=bypass takes the sampling log-probs as the anchor; recompute contradicts it")
     _require(a.off_policy not in ("tis", "decoupled") or t.old_logprobs != "rollout", "train.old_logprobs",
              t.old_logprobs, f"algo.off_policy={a.off_policy} recomputes the anchor at the start of the update")
+    _require(t.precision != "bf16-mixed" or cfg.model.dtype == "float32", "model.dtype", cfg.model.dtype,
+             "train.precision=bf16-mixed keeps the parameters in float32 (bf16 products); set model.dtype=float32, "
+             "or train.precision=fp32 for pure low-precision parameters")
     _require(s.hidden_size % s.heads == 0, "sft.heads", s.heads, f"must divide sft.hidden_size = {s.hidden_size}")
     _require(s.heads % s.kv_heads == 0, "sft.kv_heads", s.kv_heads, f"must divide sft.heads = {s.heads}")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from reasonrl.config import Config
+from reasonrl.precision import compute_context, enable_checkpointing
 from reasonrl.train.critic import Critic
 from reasonrl.train.update import update_critic
 from reasonrl.types import RolloutBatch, TrainBatch
@@ -19,6 +20,8 @@ class CriticWorker:
         self.cfg = cfg
         self.model_dir = Path(model_dir)
         self.module = Critic(self.model_dir, cfg.model.dtype).to(cfg.run.device)
+        if cfg.train.grad_checkpointing:
+            enable_checkpointing(self.module.body)
         self.optimizer = self._new_optimizer()
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
@@ -28,11 +31,13 @@ class CriticWorker:
     def values(self, rollout: RolloutBatch) -> torch.Tensor:
         """[B, T] values V(s_t) of every response position (0 on padding)."""
         t = self.cfg.train
-        return self.module.values(rollout, t.micro_batch_size, t.micro_batch_tokens)
+        with compute_context(t.precision, self.cfg.run.device):
+            return self.module.values(rollout, t.micro_batch_size, t.micro_batch_tokens)
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """One update of the clipped value loss (:func:`~reasonrl.train.update.update_critic`)."""
-        return update_critic(self.module, self.optimizer, batch, self.cfg.algo, self.cfg.train, self.cfg.rollout.max_new_tokens)
+        with compute_context(self.cfg.train.precision, self.cfg.run.device):
+            return update_critic(self.module, self.optimizer, batch, self.cfg.algo, self.cfg.train, self.cfg.rollout.max_new_tokens)
 
     def state_dict(self) -> dict:
         """``weights`` (the critic's state dict) and ``optimizer``."""

@@ -9,6 +9,7 @@ import torch
 from reasonrl.checkpoint.export import training_tokenizer, write_model_dir
 from reasonrl.config import Config
 from reasonrl.data.model import load_model
+from reasonrl.precision import compute_context, enable_checkpointing
 from reasonrl.train.logprobs import compute_logprobs
 from reasonrl.train.update import params_finite, update_policy
 from reasonrl.types import RolloutBatch, TrainBatch, WeightsUpdate
@@ -27,6 +28,8 @@ class PolicyWorker:
         self.cfg = cfg
         self.model_dir = Path(model_dir)
         self.module = load_model(self.model_dir, cfg.model.dtype, cfg.run.device)
+        if cfg.train.grad_checkpointing:
+            enable_checkpointing(self.module)
         self.optimizer = self._new_optimizer()
         self.version = 0
 
@@ -37,15 +40,17 @@ class PolicyWorker:
     def logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
         """[B, T] log-probs of the response tokens under the current weights (0 on padding)."""
         t = self.cfg.train
-        return compute_logprobs(self.module, rollout, self.cfg.rollout.temperature, t.micro_batch_size, t.micro_batch_tokens)
+        with compute_context(t.precision, self.cfg.run.device):
+            return compute_logprobs(self.module, rollout, self.cfg.rollout.temperature, t.micro_batch_size, t.micro_batch_tokens)
 
     def update(self, batch: TrainBatch, lr: float) -> dict[str, float]:
         """One PPO update on ``batch`` at learning rate ``lr`` (see
         :func:`~reasonrl.train.update.update_policy`); the version goes up by one."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        r = self.cfg.rollout
-        metrics = update_policy(self.module, self.optimizer, batch, self.cfg.algo, self.cfg.train, r.temperature, r.max_new_tokens)
+        r, t = self.cfg.rollout, self.cfg.train
+        with compute_context(t.precision, self.cfg.run.device):
+            metrics = update_policy(self.module, self.optimizer, batch, self.cfg.algo, t, r.temperature, r.max_new_tokens, self.version)
         self.version += 1
         return metrics
 

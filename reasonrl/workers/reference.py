@@ -8,6 +8,7 @@ import torch
 
 from reasonrl.config import Config
 from reasonrl.data.model import load_model
+from reasonrl.precision import compute_context
 from reasonrl.train.logprobs import compute_logprobs
 from reasonrl.types import RolloutBatch
 
@@ -29,7 +30,8 @@ class ReferenceWorker:
     def logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
         """[B, T] log-probs of the response tokens under the reference (0 on padding)."""
         t = self.cfg.train
-        return compute_logprobs(self.module, rollout, self.cfg.rollout.temperature, t.micro_batch_size, t.micro_batch_tokens)
+        with compute_context(t.precision, self.cfg.run.device):
+            return compute_logprobs(self.module, rollout, self.cfg.rollout.temperature, t.micro_batch_size, t.micro_batch_tokens)
 
     def state_dict(self) -> dict:
         return {}

@@ -10,6 +10,7 @@ import torch
 
 from reasonrl.config import Config
 from reasonrl.data.model import load_eos_ids, load_model, load_tokenizer
+from reasonrl.precision import compute_context
 from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.rollout.partial import PartialRollouts
@@ -28,15 +29,17 @@ def build_backend(cfg: Config, model_dir: Path, module: torch.nn.Module | None, 
     from reasonrl.rollout.vllm import VLLMGenerator
 
     return VLLMGenerator(
-        model_dir, cfg.run.device, pad_id, eos_ids, cfg.model.dtype,
+        model_dir, cfg.run.device, pad_id, eos_ids, "bfloat16" if cfg.train.precision == "bf16-mixed" else cfg.model.dtype,
         r.vllm_gpu_memory_utilization, r.vllm_max_model_len, cfg.run.seed,
     )
 
 
 def trainer_numerics(cfg: Config) -> bool:
     """Whether sampling runs the trainer's own numerics: a built-in backend (fast, hf) in fp32,
-    whose sampling log-probs equal the trainer's for the same weights."""
-    return cfg.rollout.backend != "vllm" and cfg.model.dtype == "float32"
+    whose sampling log-probs equal the trainer's for the same weights. Not in bf16 (pure or
+    ``train.precision=bf16-mixed``): a decode step and a scoring pass round their bf16 products
+    differently."""
+    return cfg.rollout.backend != "vllm" and cfg.model.dtype == "float32" and cfg.train.precision == "fp32"
 
 
 class RolloutWorker:
@@ -68,6 +71,8 @@ class RolloutWorker:
         if self.partial:  # it tags each token with its version itself
             self.backend = PartialRollouts(self.backend, self._has_offer, self._load_offered, lambda: self.version)
         self.pad_id = tokenizer.pad_token_id
+        self.precision = cfg.train.precision
+        self.device = cfg.run.device
         self.version = 0
         self._offered: WeightsUpdate | None = None
         self._lock = threading.Lock()
@@ -106,7 +111,8 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator) -> RolloutBatch:
         """``n`` samples per prompt (see :class:`~reasonrl.rollout.base.Generator`), versions tagged."""
         self._load_offered()
-        return self._stamp(self.backend.generate(prompts, n, params, generator))
+        with compute_context(self.precision, self.device):
+            return self._stamp(self.backend.generate(prompts, n, params, generator))
 
     def generate_stream(
         self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator, on_groups_done: GroupsDone
@@ -114,7 +120,8 @@ class RolloutWorker:
         """:meth:`generate` reporting each group as it completes
         (:meth:`~reasonrl.rollout.fast.FastGenerator.generate_stream`), versions tagged."""
         self._load_offered()
-        result = self.backend.generate_stream(prompts, n, params, generator, lambda groups, rows: on_groups_done(groups, self._stamp(rows)))
+        with compute_context(self.precision, self.device):
+            result = self.backend.generate_stream(prompts, n, params, generator, lambda groups, rows: on_groups_done(groups, self._stamp(rows)))
         self._stamp(result.batch)
         return result
 

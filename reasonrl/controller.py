@@ -37,6 +37,7 @@ from reasonrl.data.splits import read_splits, tokenize_prompts
 from reasonrl.errors import InputError, LimitError, ResumeError, error_line
 from reasonrl.evaluation import Evaluator
 from reasonrl.loggers import check_loggers, open_loggers
+from reasonrl.memory import PeakMemory
 from reasonrl.metrics import EventLog, MetricsSink, Sample, StepLog, logging_step, read_jsonl, timed
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.faults import parse_faults
@@ -46,6 +47,7 @@ from reasonrl.resilience.rundir import RunLock, check_run_dir
 from reasonrl.resilience.shards import ShardedRollouts
 from reasonrl.rollout.source import AsyncSource, RolloutProducer, SyncSource
 from reasonrl.samples import sample_records
+from reasonrl.train.update import sampler_gap
 from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout, setup_torch
 from reasonrl.types import Prompt, ScoredBatch, TrainBatch
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker, trainer_numerics
@@ -150,6 +152,7 @@ class Controller:
         r = cfg.resilience
         self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
         self.spikes, self.slow = run_detectors(r, self.events)
+        self.peak_memory = PeakMemory(cfg.run.device)
         self.watchdog = self.heartbeat = None
         self.last_record: dict[str, list] = {}
         """The prompt record of the last step (``prompts.jsonl``): draws made, trained, stale."""
@@ -228,6 +231,7 @@ class Controller:
         cfg, t = self.cfg, defaultdict(float)
         step = self.step_count + 1
         version = self.version
+        self.peak_memory.reset()
         with timed(t, "step"):
             with self.stage(t, "gen"):
                 got = self.source.next_batch(version)
@@ -252,6 +256,7 @@ class Controller:
                     [old] = self.policy.call("logprobs", rollout)
                 gap = algo.behaviour_metrics(old, behaviour, rollout.response_mask, cfg.algo.tis_cap)
                 metrics.update({f"off_policy/{k}": v.item() for k, v in gap.items()})
+                metrics.update(sampler_gap(old, behaviour, rollout, version))
             ref = values = None
             if self.reference is not None:
                 with self.stage(t, "ref"):
@@ -277,6 +282,7 @@ class Controller:
                 self.publish()
         metrics.update(t)
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / t["timing_s/step"]
+        metrics["perf/max_memory_gb"] = self.peak_memory.peak_gb()
         self.last_samples = self.samples(step, scored)
         metrics.update(reward_extras(scored))
         if self.shards is not None:

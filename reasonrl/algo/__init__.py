@@ -8,7 +8,14 @@ from reasonrl.algo.aggregate import AGG_MODES, agg_normaliser, aggregate, masked
 from reasonrl.algo.evaluation import pass_at_k
 from reasonrl.algo.filters import group_outcomes, keep_groups
 from reasonrl.algo.losses import KL_KINDS, entropy_from_logits, kl_penalty, ppo_clip, token_logprobs, value_loss
-from reasonrl.algo.off_policy import IS_WEIGHTS, behaviour_metrics, importance_ratio, masked_is_weights, truncated_is_weights
+from reasonrl.algo.off_policy import (
+    IS_WEIGHTS,
+    behaviour_metrics,
+    importance_ratio,
+    logprob_mismatch,
+    masked_is_weights,
+    truncated_is_weights,
+)
 from reasonrl.algo.shaping import overlong_filter_mask, overlong_penalty
 
 __all__ = [
@@ -27,6 +34,7 @@ __all__ = [
     "keep_groups",
     "kl_penalty",
     "lite_ppo",
+    "logprob_mismatch",
     "masked_is_weights",
     "masked_mean",
     "masked_var",

@@ -74,3 +74,24 @@ def behaviour_metrics(
         "ess": w.sum() ** 2 / (w.numel() * (w**2).sum()),
     }
 
+
+
+def logprob_mismatch(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far the sampler's log-probs are from the trainer's for the same weights (different
+    numerics: bf16 products, another engine), over the tokens where ``mask`` is 1 (0-dim, detached):
+
+      logprob_diff_mean = masked_mean(|d|),  logprob_diff_max = max |d|
+      logprob_kl        = masked_mean(exp(d) - d - 1)    k3 estimate of KL(sampler || trainer)
+    with d = trainer - sampler (clamped to [-20, 20] inside the exponent). All 0 without tokens.
+    """
+    valid = mask.bool()
+    if not valid.any():
+        zero = torch.zeros((), device=mask.device)
+        return {"logprob_diff_mean": zero, "logprob_diff_max": zero, "logprob_kl": zero}
+    d = (trainer_logprobs - sampler_logprobs).detach()[valid]
+    clamped = torch.clamp(d, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    return {
+        "logprob_diff_mean": d.abs().mean(),
+        "logprob_diff_max": d.abs().max(),
+        "logprob_kl": (torch.exp(clamped) - clamped - 1.0).mean(),
+    }

@@ -13,7 +13,16 @@ from typing import Callable
 
 import torch
 
-from reasonrl.algo import IS_WEIGHTS, agg_normaliser, aggregate, behaviour_metrics, kl_penalty, ppo_clip, value_loss
+from reasonrl.algo import (
+    IS_WEIGHTS,
+    agg_normaliser,
+    aggregate,
+    behaviour_metrics,
+    kl_penalty,
+    logprob_mismatch,
+    ppo_clip,
+    value_loss,
+)
 from reasonrl.config import AlgoConfig, TrainConfig
 from reasonrl.train.critic import Critic
 from reasonrl.train.logprobs import compute_logprobs, micro_batches, policy_logprobs, sequence_lengths
@@ -95,8 +104,9 @@ def update_policy(
     train: TrainConfig,
     temperature: float,
     horizon: int,
+    version: int,
 ) -> dict[str, float]:
-    """One PPO update of the policy on ``batch``.
+    """One PPO update of the policy on ``batch``, whose weights are ``version``.
 
     loss = ppo_clip(logp, old, A; eps_low, eps_high, dual_clip; weights = w)
            + kl_loss_coef * agg(kl_penalty(logp, ref, kl_kind))
@@ -110,7 +120,9 @@ def update_policy(
     mini-batch take them from their first forward, which runs before any optimizer step (so
     the ratio is exactly 1 there, as the definition says), and the other rows from one
     no-grad pass before the first step. A single mini-batch thus costs no extra forward.
-    The behaviour gap is then returned as ``off_policy/*`` (:func:`behaviour_metrics`).
+    The behaviour gap is then returned as ``off_policy/*`` (:func:`behaviour_metrics`), and the
+    numerics gap on the tokens sampled by ``version`` itself as ``rollout/logprob_*``
+    (:func:`logprob_mismatch`; none when no token was).
 
     With ``train.skip_zero_advantage`` and no KL or entropy term, rows whose advantages are 0
     on every token (a group-relative group with equal rewards) are not run: each of their
@@ -179,7 +191,22 @@ def update_policy(
     if known is not None:
         gap = behaviour_metrics(anchor[known], behaviour[known], rollout.response_mask[known], algo.tis_cap)
         out.update({f"off_policy/{k}": v.item() for k, v in gap.items()})
+        out.update(sampler_gap(anchor, behaviour, rollout, version, known))
     return out
+
+
+def sampler_gap(
+    trainer: torch.Tensor, sampler: torch.Tensor, rollout, version: int, rows: torch.Tensor | None = None
+) -> dict[str, float]:
+    """``rollout/logprob_*`` (:func:`logprob_mismatch`) of the trainer's log-probs against the
+    sampling ones on the response tokens that weights ``version`` sampled (of ``rows``, a [B]
+    bool, when given): the gap of numerics alone, no staleness in it. Empty when there is none."""
+    same = rollout.response_mask.bool() & (rollout.versions == version)
+    if rows is not None:
+        same &= rows[:, None]
+    if not bool(same.any()):
+        return {}
+    return {f"rollout/{k}": v.item() for k, v in logprob_mismatch(trainer, sampler, same).items()}
 
 
 def update_critic(

@@ -19,7 +19,10 @@ runs only them. In order:
 6. the context: every prompt (in tokens, chat template applied once) fits data.max_prompt_len
    and, plus ``rollout.max_new_tokens``, the model's ``max_position_embeddings``, or is cut or
    dropped by ``data.truncation`` (:func:`~reasonrl.data.splits.tokenize_prompts`, which the
-   trainer runs too; the plan counts what it cut or dropped).
+   trainer runs too; the plan counts what it cut or dropped);
+7. memory: the peak a step needs for this model and batch (:func:`~reasonrl.memory.estimate_memory`,
+   from the model's config.json alone) against the memory available (LimitError when it does
+   not fit and ``train.memory_check`` is on).
 
 Nothing here loads weights or writes to the run directory.
 """
@@ -64,6 +67,8 @@ class Plan:
     """The data sources, the split sizes and how the held-out split was made (``Splits.description``)."""
     prompts_cut: str = ""
     """What data.truncation cut or dropped, per split ('' when nothing)."""
+    memory: str = ""
+    """The memory estimate of a step (``MemoryEstimate.describe``)."""
 
     def describe(self) -> str:
         """A few lines for the console."""
@@ -80,9 +85,11 @@ class Plan:
             f"rollout {r.mode} on {r.backend}",
             f"data         {self.data}",
             f"reward       {self.reward or c.reward.fn}",
-            f"model        {self.model} on {c.run.device} ({c.model.dtype})",
+            f"model        {self.model} on {c.run.device} ({c.model.dtype}, train.precision {t.precision}"
+            + (", gradient checkpointing" if t.grad_checkpointing else "") + ")",
             f"context      longest prompt {self.longest_prompt} + rollout.max_new_tokens {r.max_new_tokens} "
             f"<= {self.context} tokens" + (f"; {self.prompts_cut}" if self.prompts_cut else ""),
+            f"memory       {self.memory}",
         ]
         return "\n".join(lines)
 
@@ -110,8 +117,12 @@ def preflight(cfg: Config) -> Plan:
     test_tokens = tokenize_prompts(test, tokenizer, cfg, context, splits.test_from, held_out=True)
     longest = max(train_tokens.longest, test_tokens.longest)
     cut = "; ".join(filter(None, (train_tokens.note(splits.train_from), test_tokens.note(splits.test_from))))
+    from reasonrl.memory import check_fits, estimate_memory
+
+    estimate = estimate_memory(cfg, _model_shape(cfg, model_dir, len(tokenizer)), longest)
+    check_fits(cfg, estimate)
     return Plan(cfg, state, len(train_tokens.prompts), len(test_tokens.prompts), model, longest, context, reward,
-                splits.description, cut)
+                splits.description, cut, estimate.describe())
 
 
 def reward_line(cfg: Config, prompts: list) -> str:
@@ -196,6 +207,16 @@ def _model_dir(cfg: Config) -> tuple[Path | None, str]:
     if (out / "sft_summary.json").is_file():
         return out, f"embedded warm start {out}"
     return None, f"embedded (its warm start is not cached yet: it is trained first, a few minutes, into {out})"
+
+
+def _model_shape(cfg: Config, model_dir: Path | None, vocab: int):
+    """The model's shape for the memory estimate: its config.json, or the embedded model's sft.* sizes."""
+    from reasonrl.memory import ModelShape
+
+    if model_dir is not None:
+        return ModelShape.from_model_dir(model_dir)
+    s = cfg.sft
+    return ModelShape(vocab, s.hidden_size, s.layers, s.heads, s.kv_heads, s.hidden_size // s.heads, s.intermediate_size, tied=True)
 
 
 def _tokenizer_and_context(model_dir: Path | None):

@@ -15,8 +15,8 @@ their absence is said in the page. ``report.html`` holds, in this order:
   (sampled, greedy, pass@k, train), accuracy per data source (``val/acc/<source>``, one panel
   each), response length and its clip ratio, entropy, PPO clip fractions, policy loss, KL
   (``actor/ppo_kl``, and ``actor/kl_loss`` with the KL loss on), gradient norm, learning
-  rate, dynamic sampling counters (``batch/*``), throughput and tokens (``perf/throughput``,
-  ``perf/total_num_tokens``), ETTR, time lost to faults, and the seconds of each stage;
+  rate, dynamic sampling counters (``batch/*``), throughput, tokens and peak memory (``perf/throughput``,
+  ``perf/total_num_tokens``, ``perf/max_memory_gb``), ETTR, time lost to faults, and the seconds of each stage;
 - each run's events: step, kind and a short detail of every line of ``events.jsonl``;
 - a few validation samples per validation step (``samples.jsonl``, when the run kept them):
   prompt, response, extracted answer, ground truth and score, the wrong ones first, folded;
@@ -244,6 +244,7 @@ def plot_specs(runs: list[Run]) -> dict[str, list[Panel]]:
         "throughput.png": [
             Panel("throughput (perf/throughput)", "tokens / s", [("perf/throughput", {})]),
             Panel("tokens per step (perf/total_num_tokens)", "tokens", [("perf/total_num_tokens", {})]),
+            Panel("peak memory of the training process (perf/max_memory_gb)", "GB", [("perf/max_memory_gb", {})]),
         ],
         "ettr.png": [Panel("effective training time ratio", "ETTR", [("ettr", {})])],
         "recovery.png": [Panel(

@@ -1,0 +1,251 @@
+"""Memory: an estimate of a step's peak before training starts, and the measured peak of each step.
+
+The estimate (:func:`estimate_memory`) adds up, for the configured model and batch, what one
+training process and its rollout side hold at their peak:
+
+    weights     N x b_p per model copy: the policy (whose module the synchronous sampler shares),
+                the reference (algo.kl_loss_coef > 0), the critic (algo.adv_estimator=gae),
+                the asynchronous rollout process's own copy (rollout.mode async or lockstep)
+    training    gradients N x b_p and AdamW's two moments 2 N x b_p, per trained model
+    compute     bf16 copies of the weights, N x 2, while a forward runs (train.precision=bf16-mixed)
+    generation  the key/value cache, rows x (prompt + max_new_tokens) x layers x 2 Hkv D x b_c,
+                and the step's logits, rows x V x 4 x 3
+    activations one micro-batch's tokens t (train.micro_batch_tokens, or micro_batch_size rows of
+                the longest prompt + max_new_tokens; at most a mini-batch's): t x layers x a (a below; t x layers x d x 4 with
+                train.grad_checkpointing, plus one layer's a recomputed), and the LM head's
+                t x V x (b_c + 24) (the logits, their fp32 copy, log-softmax, the entropy's
+                probabilities and their gradients)
+    runtime     the interpreter and torch's libraries, 0.6 GB on a CPU
+
+with N the parameters (from the model's config.json: no weights are read), b_p the parameters'
+bytes per element (model.dtype), b_c the bytes of the products (2 under bf16-mixed), and per
+token and layer of the lean decoder's forward the saved tensors
+
+    a = 2 d b_p                          the two norms' inputs (the residual stream)
+      + (2 d + H D + I) b_c              the inputs of the four matrix products
+      + ((H + 2 Hkv) D + H D) b_c        query, key, value and output kept by attention
+      + 2 (H + Hkv) D b_p                the rotary embedding's operands
+      + 3 I b_c                          gate, up and silu(gate) of the MLP
+
+Training and generation do not overlap in one process (the synchronous loop alternates them),
+so the peak is the larger of the two there; an asynchronous rollout process adds its own.
+
+:class:`PeakMemory` measures a step: the process's resident-set high-water mark on a CPU
+(``VmHWM``, reset through ``/proc/self/clear_refs`` at each step start), CUDA's peak allocated
+bytes on a GPU. It covers the training process (the rollout process of rollout.mode=async is
+another process).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reasonrl.config import Config
+from reasonrl.errors import LimitError
+
+GB = 1024**3
+RUNTIME_BYTES = int(0.6 * GB)
+"""The interpreter, torch and transformers in one process (their resident size on a CPU)."""
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs of a decoder's config."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied: bool
+    qkv_bias: bool = False
+    """Biases on the q/k/v projections (Qwen2; Llama's attention_bias)."""
+    o_bias: bool = False
+    """A bias on the output projection (Llama's attention_bias)."""
+    qk_norm: bool = False
+    """Per-head q and k RMSNorm weights (Qwen3)."""
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ModelShape":
+        """From a ``config.json`` dict (Llama, Qwen2, Qwen3 keys)."""
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        return cls(
+            vocab=int(config["vocab_size"]),
+            hidden=hidden,
+            layers=int(config["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate=int(config["intermediate_size"]),
+            tied=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias", False)),
+            o_bias=config.get("model_type") != "qwen2" and bool(config.get("attention_bias", False)),
+            qk_norm=config.get("model_type") == "qwen3",
+        )
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> "ModelShape":
+        return cls.from_config(json.loads((Path(path) / "config.json").read_text(encoding="utf-8")))
+
+    def parameters(self) -> int:
+        """Parameter count: embeddings (and an untied head), per layer the q/k/v/o and MLP
+        projections, their biases, two norms (and the q/k norms), and the final norm."""
+        d, D, H, Hkv, I = self.hidden, self.head_dim, self.heads, self.kv_heads, self.intermediate
+        attention = d * (H + 2 * Hkv) * D + H * D * d
+        attention += (H + 2 * Hkv) * D * self.qkv_bias + d * self.o_bias + 2 * D * self.qk_norm
+        per_layer = attention + 3 * d * I + 2 * d
+        return self.vocab * d * (1 if self.tied else 2) + self.layers * per_layer + d
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per part (:func:`estimate_memory`), the peak and what it assumed."""
+
+    parts: dict[str, int] = field(default_factory=dict)
+    peak: int = 0
+    tokens_per_micro_batch: int = 0
+    parameters: int = 0
+
+    def describe(self) -> str:
+        """One line: the peak, then the parts from the largest."""
+        parts = ", ".join(f"{name} {size / GB:.2f}" for name, size in sorted(self.parts.items(), key=lambda kv: -kv[1]) if size)
+        return (f"~{self.peak / GB:.2f} GB at peak ({self.parameters / 1e6:.1f}M parameters, "
+                f"{self.tokens_per_micro_batch} tokens per micro-batch; GB: {parts})")
+
+
+def activation_bytes_per_token_layer(shape: ModelShape, param_bytes: int, compute_bytes: int) -> int:
+    """``a`` of the module docstring: what one layer's forward keeps for backward per token."""
+    d, D, H, Hkv, I = shape.hidden, shape.head_dim, shape.heads, shape.kv_heads, shape.intermediate
+    return (2 * d * param_bytes + (2 * d + H * D + I) * compute_bytes + ((H + 2 * Hkv) * D + H * D) * compute_bytes
+            + 2 * (H + Hkv) * D * param_bytes + 3 * I * compute_bytes)
+
+
+def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = None) -> MemoryEstimate:
+    """The peak memory of a step of ``cfg`` with a model of ``shape`` (the module docstring),
+    whose prompts are at most ``prompt_len`` tokens (default ``data.max_prompt_len``)."""
+    t, r, a = cfg.train, cfg.rollout, cfg.algo
+    N = shape.parameters()
+    b_p = DTYPE_BYTES[cfg.model.dtype]
+    mixed = t.precision == "bf16-mixed"
+    b_c = 2 if mixed else b_p
+    context = (prompt_len or cfg.data.max_prompt_len) + r.max_new_tokens
+    critic = a.adv_estimator == "gae"
+    separate_rollout = r.mode != "sync"
+
+    weights = N * b_p * (1 + (a.kl_loss_coef > 0) + critic)
+    training = 3 * N * b_p * (1 + critic)
+    compute = 2 * N if mixed else 0
+    gen_prompts = t.gen_prompts_per_step or math.ceil(t.prompts_per_step * (a.oversample if a.dynamic_sampling else 1))
+    rows = gen_prompts * r.n
+    kv = rows * context * shape.layers * 2 * shape.kv_heads * shape.head_dim * b_c
+    generation = kv + rows * shape.vocab * 4 * 3
+    mini = t.mini_batch_size * context  # a micro-batch never holds more than its mini-batch
+    tokens = min(max(t.micro_batch_tokens, context), mini) if t.micro_batch_tokens > 0 else min(t.micro_batch_size * context, mini)
+    per_layer = activation_bytes_per_token_layer(shape, b_p, b_c)
+    if t.grad_checkpointing:
+        activations = tokens * shape.layers * shape.hidden * 4 + tokens * per_layer
+    else:
+        activations = tokens * shape.layers * per_layer
+    head = tokens * shape.vocab * (b_c + 24)
+    trainer_peak = weights + training + compute + RUNTIME_BYTES
+    if separate_rollout:  # its own process: weights, their compute copy, the cache, the runtime
+        rollout = N * b_p + compute + generation + RUNTIME_BYTES
+        peak = trainer_peak + activations + head + rollout
+    else:
+        rollout = 0
+        peak = trainer_peak + max(activations + head, generation)
+    parts = {
+        "weights": weights, "gradients+AdamW": training, "bf16 copies": compute, "generation": generation,
+        "activations": activations, "LM head": head, "rollout process": rollout - generation if rollout else 0,
+        "runtime": RUNTIME_BYTES,
+    }
+    return MemoryEstimate(parts, peak, tokens, N)
+
+
+def available_memory(device: str) -> tuple[int, str] | None:
+    """``(bytes, where)`` a run may use on ``device``: CUDA's free memory, or on a CPU the
+    smaller of ``MemAvailable`` and the cgroup's remaining limit; None when unknown."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free, f"free on {device}"
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in meminfo.splitlines() if ":" in line)
+    if "MemAvailable" not in fields:
+        return None
+    available, where = int(fields["MemAvailable"].split()[0]) * 1024, "MemAvailable in /proc/meminfo"
+    limit, used = Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")
+    try:
+        cap = limit.read_text().strip()
+        if cap != "max":
+            room = int(cap) - int(used.read_text())
+            if room < available:
+                available, where = room, "left under the cgroup's memory.max"
+    except (OSError, ValueError):
+        pass
+    return available, where
+
+
+def check_fits(cfg: Config, estimate: MemoryEstimate) -> None:
+    """LimitError when the estimate exceeds the memory available (``train.memory_check``),
+    naming the largest parts and the keys that shrink them."""
+    if not cfg.train.memory_check:
+        return
+    found = available_memory(cfg.run.device)
+    if found is None or estimate.peak <= found[0]:
+        return
+    room, where = found
+    raise LimitError(
+        f"a step needs {estimate.describe()}, more than the {room / GB:.2f} GB {where}: lower "
+        "train.micro_batch_tokens (or train.micro_batch_size), train.prompts_per_step or rollout.n, set "
+        "train.grad_checkpointing=true or train.precision=bf16-mixed; train.memory_check=false runs anyway"
+    )
+
+
+class PeakMemory:
+    """The peak memory of this process since :meth:`reset`, in GB (see the module docstring)."""
+
+    CLEAR_REFS = Path("/proc/self/clear_refs")
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.device = device
+        self.resets = True  # whether VmHWM can be reset here; else the lifetime peak is reported
+
+    def reset(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        if self.resets:
+            try:
+                self.CLEAR_REFS.write_text("5")  # resets the resident-set high-water mark (Linux 4.0+)
+            except OSError:
+                self.resets = False
+
+    def peak_gb(self) -> float:
+        if self.cuda:
+            import torch
+
+            return torch.cuda.max_memory_allocated(self.device) / GB
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / GB
+        except OSError:
+            pass
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB

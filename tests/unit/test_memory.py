@@ -1,0 +1,77 @@
+"""The memory estimate of a step (reasonrl.memory) and the measured peak of one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from reasonrl.config import load
+from reasonrl.errors import LimitError
+from reasonrl.memory import GB, ModelShape, PeakMemory, activation_bytes_per_token_layer, check_fits, estimate_memory
+from tests.unit.test_decoder import FAMILIES, build
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parameter_count_from_the_config_alone(family):
+    model = build(family)
+    assert ModelShape.from_config(model.config.to_dict()).parameters() == sum(p.numel() for p in model.parameters())
+
+
+SHAPE = ModelShape(vocab=1000, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, tied=True)
+
+
+def test_estimate_parts_by_hand():
+    cfg = load(None, ["data.max_prompt_len=32", "rollout.max_new_tokens=32", "rollout.n=4", "train.prompts_per_step=8",
+                      "train.mini_batch_size=32", "train.micro_batch_size=8", "train.micro_batch_tokens=0",
+                      "algo.kl_loss_coef=0", "algo.dynamic_sampling=false"])
+    N = SHAPE.parameters()
+    assert N == 1000 * 64 + 2 * (64 * 8 * 16 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+    e = estimate_memory(cfg, SHAPE, prompt_len=16)
+    context = 16 + 32
+    assert e.tokens_per_micro_batch == 8 * context
+    assert e.parts["weights"] == 4 * N and e.parts["gradients+AdamW"] == 12 * N and e.parts["bf16 copies"] == 0
+    assert e.parts["generation"] == 32 * context * 2 * 2 * 2 * 16 * 4 + 32 * 1000 * 12
+    a = 2 * 64 * 4 + (2 * 64 + 64 + 128) * 4 + (8 * 16 + 64) * 4 + 2 * 6 * 16 * 4 + 3 * 128 * 4
+    assert activation_bytes_per_token_layer(SHAPE, 4, 4) == a
+    assert e.parts["activations"] == 8 * context * 2 * a
+    assert e.parts["LM head"] == 8 * context * 1000 * 28
+    fixed = 16 * N + e.parts["runtime"]
+    assert e.peak == fixed + max(e.parts["activations"] + e.parts["LM head"], e.parts["generation"])
+
+    def with_train(**changes):
+        return estimate_memory(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **changes)), SHAPE, 16)
+
+    mixed = with_train(precision="bf16-mixed")
+    assert mixed.parts["bf16 copies"] == 2 * N and mixed.parts["weights"] == 4 * N
+    assert mixed.parts["activations"] < e.parts["activations"]
+    ckpt = with_train(grad_checkpointing=True)
+    assert ckpt.parts["activations"] == 8 * context * (2 * 64 * 4 + a) < e.parts["activations"]
+    kl = estimate_memory(dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, kl_loss_coef=0.1)), SHAPE, 16)
+    assert kl.parts["weights"] == 8 * N  # the reference
+
+
+def test_a_step_that_cannot_fit_is_an_error_naming_what_to_change():
+    cfg = load(None, ["train.prompts_per_step=100000", "train.mini_batch_size=800000", "rollout.n=8"])
+    big = ModelShape(vocab=150000, hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, intermediate=11008, tied=False)
+    estimate = estimate_memory(cfg, big)
+    assert estimate.peak > 1000 * GB
+    with pytest.raises(LimitError, match=r"train.grad_checkpointing=true .*train.memory_check=false"):
+        check_fits(cfg, estimate)
+    check_fits(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, memory_check=False)), estimate)
+    check_fits(cfg, estimate_memory(load(None, []), SHAPE))  # the default fits
+
+
+def test_peak_memory_of_a_span_resets():
+    peak = PeakMemory("cpu")
+    peak.reset()
+    base = peak.peak_gb()
+    block = torch.ones(64 * 1024 * 1024)  # 256 MiB, touched
+    high = peak.peak_gb()
+    assert high - base > 0.2
+    del block
+    peak.reset()
+    if not peak.resets:
+        pytest.skip("/proc/self/clear_refs is not writable here: the lifetime peak is reported")
+    assert peak.peak_gb() < high - 0.2

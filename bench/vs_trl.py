@@ -4,14 +4,20 @@ Both systems train reasonrl's embedded warm start (a ~1.6M-parameter Qwen2 with 
 character-level tokenizer) on the embedded task's train split with the DAPO ``Answer:``
 reward, with equal settings: prompts per step x samples per prompt, max new tokens,
 temperature 1, learning rate (constant, no warmup), AdamW without weight decay, grad-norm
-clip 1.0, fp32, no gradient checkpointing, no KL (beta 0), clip range 0.2, group-normalised
+clip 1.0, the same precision (``--precision``), no gradient checkpointing, no KL (beta 0), clip range 0.2, group-normalised
 advantages, token-mean loss (reasonrl ``algo.loss_agg=token-mean`` = TRL ``loss_type="dapo"``),
 no masking of truncated samples, the same optimizer steps per batch and epochs per batch,
 and the same torch thread count. TRL runs at its best on CPU (see
-``shared/notes/peer-benchmarks.md``): ``use_cpu``, no bf16, no gradient checkpointing, no
-continuous batching, no torch_compile. ``--device cuda`` runs both on the GPU instead (TRL
+``shared/notes/peer-benchmarks.md``): ``use_cpu``, no gradient checkpointing, no
+continuous batching, no torch_compile.
+
+``--precision fp32`` (the default) runs both in fp32. ``--precision bf16`` runs both in bf16
+mixed precision: TRL with ``bf16=True`` (accelerate wraps the model's forward in bf16
+autocast, so its generation and training passes; fp32 parameters and AdamW state), reasonrl
+with ``train.precision=bf16-mixed`` (the same autocast in its training passes and rollouts, the
+old log-probs recomputed). The evaluator is the same fp32 one for both. ``--device cuda`` runs both on the GPU instead (TRL
 without ``use_cpu``; reasonrl with ``run.device=cuda``, so its CUDA-graph rollouts), still
-fp32; step times are then taken after a device synchronisation.
+in the chosen precision; step times are then taken after a device synchronisation.
 
 Each system runs in its own worker process; the driver alternates them in blocks of
 ``--block`` steps (ABBA order: the one that goes first changes every block), so both see the
@@ -141,6 +147,7 @@ def reasonrl_overrides(spec: dict) -> list[str]:
         "train.warmup_steps=0",
         "train.weight_decay=0.0",
         "train.grad_clip=1.0",
+        f"train.precision={'bf16-mixed' if spec['precision'] == 'bf16' else 'fp32'}",
     ]
 
 
@@ -211,7 +218,7 @@ def worker_reasonrl(spec: dict) -> None:
               "model_dtype": str(next(policy.module.parameters()).dtype), "rollout_backend": trainer.cfg.rollout.backend,
               "mini_batch_size": trainer.cfg.train.mini_batch_size, "micro_batch_size": trainer.cfg.train.micro_batch_size,
               "micro_batch_tokens": trainer.cfg.train.micro_batch_tokens,
-              "skip_zero_advantage": trainer.cfg.train.skip_zero_advantage}
+              "skip_zero_advantage": trainer.cfg.train.skip_zero_advantage, "precision": trainer.cfg.train.precision}
     ch.send({"ready": True, "setup_s": time.perf_counter() - setup, "eval0": eval0, "checks": checks})
     step = 0
     while True:
@@ -303,7 +310,7 @@ def worker_trl(spec: dict) -> None:
         seed=spec["seed"],
         data_seed=spec["seed"],
         use_cpu=spec["device"] == "cpu",
-        bf16=False,
+        bf16=spec["precision"] == "bf16",
         fp16=False,
         gradient_checkpointing=False,
         torch_compile=False,
@@ -630,7 +637,7 @@ def summarise(results: list[dict], base: dict, other_cpu_s: float, wall_s: float
         "other_cpu_cores_avg": rnd(max(other_cpu_s, 0.0) / wall_s, 2),
         "settings": {
             k: base[k]
-            for k in ("steps", "max_wall_s", "seeds", "threads", "device", "block", "prompts", "n", "max_new_tokens", "lr", "updates_per_batch", "epochs",
+            for k in ("precision", "steps", "max_wall_s", "seeds", "threads", "device", "block", "prompts", "n", "max_new_tokens", "lr", "updates_per_batch", "epochs",
                       "eval_every", "eval_prompts", "eval_k", "target_gain", "deterministic", "micro_batch_tokens", "skip_zero_advantage")
         }
         | {
@@ -639,7 +646,7 @@ def summarise(results: list[dict], base: dict, other_cpu_s: float, wall_s: float
             "clip_eps": 0.2,
             "kl": 0.0,
             "adv": "grpo group-normalised",
-            "dtype": "float32",
+            "dtype": "float32 parameters" + (", bf16 mixed-precision products" if base["precision"] == "bf16" else ""),
             "grad_clip": 1.0,
             "lr_schedule": "constant",
             "micro_batch": batch // base["updates_per_batch"],
@@ -658,6 +665,8 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both systems run")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="both in fp32, or both in bf16 mixed precision (TRL bf16=True, reasonrl train.precision=bf16-mixed)")
     p.add_argument("--block", type=int, default=5, help="steps per interleaved block")
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
@@ -719,7 +728,7 @@ def main() -> None:
     warm_dir = str(ensure_warm_start(cfg.sft, cfg.data.families, log))  # once, before the workers start
     tmp = tempfile.mkdtemp(prefix="vs_trl-")
     base = {
-        "steps": a.steps, "seeds": seeds, "threads": a.threads, "device": a.device, "block": a.block, "prompts": a.prompts, "n": a.n,
+        "precision": a.precision, "steps": a.steps, "seeds": seeds, "threads": a.threads, "device": a.device, "block": a.block, "prompts": a.prompts, "n": a.n,
         "max_new_tokens": a.max_new_tokens, "lr": a.lr, "updates_per_batch": a.updates_per_batch, "epochs": a.epochs,
         "eval_every": a.eval_every, "eval_prompts": a.eval_prompts, "eval_k": a.eval_k, "target_gain": a.target_gain,
         "warm_dir": warm_dir, "tmp": tmp, "max_wall_s": a.max_wall_s,

@@ -76,3 +76,29 @@ def test_training_runs_on_cuda(recipe, model_dir, tmp_path):
     trainer.run()
     rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line]
     assert len(rows) >= 3
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_bf16_mixed_on_cuda(model_dir, tmp_path, static):
+    """The same bf16 autocast regions on CUDA: lean logits as transformers rounds them, CUDA-graph
+    and eager rollouts, and a training step with fp32 master weights and the mismatch logged."""
+    from reasonrl.precision import compute_context
+
+    model = build("qwen2").cuda().eval()
+    rollout = on_cuda(grouped_rollout())
+    mask = rollout.response_mask.bool()
+    with torch.no_grad(), compute_context("bf16-mixed", "cuda"):
+        hidden, T = response_hidden(LeanDecoder(model), rollout, torch.arange(8, device="cuda"))
+        ours = torch.nn.functional.linear(hidden, model.lm_head.weight, model.lm_head.bias).float()
+        theirs = hf_response_logits(model, rollout)[:, :T].float()
+        m = mask[:, :T]
+        assert float((ours - theirs)[m].abs().max()) <= 0.02 * float(theirs.abs().max())
+        params = SamplingParams(temperature=0.0, max_new_tokens=6)
+        out = FastGenerator(model, 0, 1, None if static else False).generate([[3, 9, 14], [7, 2, 30, 4, 5]], 1, params,
+                                                                             torch.Generator().manual_seed(0))
+    assert out.logprobs.dtype == torch.float32 and bool(out.response_mask.any())
+    trainer = Controller(load("recipes/grpo.yaml", [*tiny_run(model_dir, tmp_path, steps=1), "run.device=cuda",
+                                                    "train.precision=bf16-mixed"]))
+    metrics = trainer.step()
+    assert next(trainer.policy.workers[0].module.parameters()).dtype == torch.float32
+    assert metrics["rollout/logprob_diff_mean"] > 0 and metrics["perf/max_memory_gb"] > 0

@@ -82,7 +82,7 @@ class ModelConfig:
     """Parameter dtype of policy, reference and critic. bfloat16/float16 train the parameters
     themselves in that dtype (half the memory of float32), where AdamW steps below half the
     dtype's spacing (bf16: 2^-8 of a weight) are rounded away and lost; train.precision=bf16-mixed
-    keeps float32 parameters and gets the speed of bf16 products instead."""
+    keeps float32 parameters and runs the products in bf16 instead."""
 
 
 @dataclass(frozen=True)
@@ -338,7 +338,8 @@ class TrainConfig:
     (rollout/logprob_diff_mean, rollout/logprob_diff_max, rollout/logprob_kl)."""
     grad_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (policy
-    and critic): activation memory of one layer instead of all, for about one more forward."""
+    and critic): the forward keeps each layer's input only, and backward holds one layer's
+    activations at a time, for about one more forward pass of compute."""
     memory_check: bool = True
     """Estimate the memory a step needs before training starts (printed with the plan) and
     stop with an error naming the largest parts when it exceeds the memory available."""

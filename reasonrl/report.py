@@ -230,6 +230,10 @@ def plot_specs(runs: list[Run]) -> dict[str, list[Panel]]:
             "KL to the old policy (actor/ppo_kl); dashed: KL loss to the reference",
             "nats / token",
             [("actor/ppo_kl", {}), ("actor/kl_loss", dashed)],
+        ), Panel(
+            "sampler vs trainer log-probs, same weights (rollout/logprob_diff_mean; dashed: rollout/logprob_kl)",
+            "nats / token",
+            [("rollout/logprob_diff_mean", {}), ("rollout/logprob_kl", dashed)],
         )],
         "grad_norm.png": [Panel("gradient norm before clipping (actor/grad_norm)", "norm", [("actor/grad_norm", {})])],
         "lr.png": [Panel("learning rate (actor/lr)", "learning rate", [("actor/lr", {})])],

@@ -14,7 +14,8 @@ their absence is said in the page. ``report.html`` holds, in this order:
 - the plots, PNG files beside the HTML referenced by relative path: reward, accuracy
   (sampled, greedy, pass@k, train), accuracy per data source (``val/acc/<source>``, one panel
   each), response length and its clip ratio, entropy, PPO clip fractions, policy loss, KL
-  (``actor/ppo_kl``, and ``actor/kl_loss`` with the KL loss on), gradient norm, learning
+  (``actor/ppo_kl``, and ``actor/kl_loss`` with the KL loss on), the sampler/trainer log-prob gap
+  (``rollout/logprob_diff_mean``, ``rollout/logprob_kl``: bf16 or vLLM sampling), gradient norm, learning
   rate, dynamic sampling counters (``batch/*``), throughput, tokens and peak memory (``perf/throughput``,
   ``perf/total_num_tokens``, ``perf/max_memory_gb``), ETTR, time lost to faults, and the seconds of each stage;
 - each run's events: step, kind and a short detail of every line of ``events.jsonl``;

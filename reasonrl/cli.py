@@ -67,6 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if plan.state.kind == "complete" and same_run(cfg):
         print(complete_summary(cfg))
         return 0
+    print(f"memory: {plan.memory}", flush=True)
     if args.no_supervisor or not cfg.resilience.supervise:
         return _train_here(cfg)
     from reasonrl.resilience.supervisor import train_supervised
@@ -127,6 +128,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         from reasonrl.controller import Controller
 
+        print(f"memory: {plan.memory}", flush=True)
         controller = Controller(cfg)
         controller.run()
         if controller.stopped_by is not None:

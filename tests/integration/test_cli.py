@@ -77,6 +77,7 @@ def test_a_dry_run_checks_everything_prints_the_plan_and_writes_nothing(capsys, 
     assert f"run.dir      {run}: a new run" in out
     assert "data         embedded: 64 training prompts, 16 held out" in out
     assert f"model        {model_dir} on cpu" in out
+    assert "memory       ~" in out and "GB at peak" in out
     assert not run.exists()
     code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), "reward.fn=nowhere:score")
     assert code == 2 and "reward function 'nowhere:score'" in err
@@ -87,6 +88,10 @@ def test_a_dry_run_checks_everything_prints_the_plan_and_writes_nothing(capsys, 
     # The tiny model holds 256 positions: its 8-token prompts and 250 new tokens do not fit.
     code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), "rollout.max_new_tokens=250")
     assert code == 2 and "rollout.max_new_tokens = 250" in err and "context of 256 tokens" in err
+    # A batch whose step needs more memory than this machine has: an error naming what to lower.
+    huge = ["train.prompts_per_step=400000", "rollout.n=16", "train.mini_batch_size=6400000"]
+    code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), *huge)
+    assert code == 2 and "GB at peak" in err and "train.memory_check=false" in err, err
     assert not run.exists()
 
 

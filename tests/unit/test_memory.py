@@ -45,6 +45,7 @@ def test_estimate_parts_by_hand():
 
     mixed = with_train(precision="bf16-mixed")
     assert mixed.parts["bf16 copies"] == 2 * N and mixed.parts["weights"] == 4 * N
+    assert e.parts["kernel cache"] == 0 and mixed.parts["kernel cache"] == int(0.85 * GB)  # oneDNN's, on a CPU
     assert mixed.parts["activations"] < e.parts["activations"]
     ckpt = with_train(grad_checkpointing=True)
     assert ckpt.parts["activations"] == 8 * context * (2 * 64 * 4 + a) < e.parts["activations"]

@@ -6,7 +6,8 @@ precision that goes first alternates with the seed, so both see the same machine
 Reported per run: the held-out accuracy of the last validation (``val/acc``, mean@k) and of
 the best one, the median step time and its stages, and bf16-mixed's sampler/trainer gap
 (``rollout/logprob_diff_mean``, ``rollout/logprob_kl``); then, over seeds, the median final
-accuracy of each precision, the accuracy difference per seed, and the ratio of median step times.
+and mean final accuracy of each precision, the accuracy difference per seed, and the ratio of
+median step times.
 
     python bench/precision.py --seeds 0,1,2
     python bench/precision.py --seeds 0 --steps 30       # a quick look
@@ -77,6 +78,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "precision", "recipe": "recipes/dapo.yaml", "threads": args.threads,
         "median_final_val_acc": {p: statistics.median(final[p].values()) for p in PRECISIONS},
+        "mean_final_val_acc": {p: round(statistics.mean(final[p].values()), 4) for p in PRECISIONS},
         "val_acc_diff_per_seed": [round(final["bf16-mixed"][s] - final["fp32"][s], 4) for s in seeds],
         "median_step_s": step, "step_time_ratio_bf16_over_fp32": round(step["bf16-mixed"] / step["fp32"], 3),
         "runs": runs,

@@ -13,8 +13,9 @@ training process and its rollout side hold at their peak:
     activations one micro-batch's tokens t (train.micro_batch_tokens, or micro_batch_size rows of
                 the longest prompt + max_new_tokens; at most a mini-batch's): t x layers x a (a below; t x layers x d x 4 with
                 train.grad_checkpointing, plus one layer's a recomputed), and the LM head's
-                t x V x (b_c + 24) (the logits, their fp32 copy, log-softmax, the entropy's
-                probabilities and their gradients)
+                r x V x (b_c + 18) over the micro-batch's response tokens r (its rows x
+                max_new_tokens): the logits, their fp32 copy, the log-softmax and the entropy's
+                probabilities kept for backward, and a gradient of that size
     runtime     the interpreter and torch's libraries, 0.6 GB on a CPU
     kernels     bf16 products on a CPU run through oneDNN, which keeps a compiled kernel per matrix
                 shape it met (up to 1024 of them; about 0.7 MB each here): 0.85 GB per process,
@@ -160,7 +161,7 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
         activations = tokens * shape.layers * shape.hidden * 4 + tokens * per_layer
     else:
         activations = tokens * shape.layers * per_layer
-    head = tokens * shape.vocab * (b_c + 24)
+    head = max(tokens // context, 1) * r.max_new_tokens * shape.vocab * (b_c + 18)
     kernels = KERNEL_CACHE_BYTES if b_c == 2 and not cfg.run.device.startswith("cuda") else 0
     trainer_peak = weights + training + compute + RUNTIME_BYTES + kernels
     if separate_rollout:  # its own process: weights, their compute copy, the cache, the runtime

@@ -36,7 +36,7 @@ def test_estimate_parts_by_hand():
     a = 2 * 64 * 4 + (2 * 64 + 64 + 128) * 4 + (8 * 16 + 64) * 4 + 2 * 6 * 16 * 4 + 3 * 128 * 4
     assert activation_bytes_per_token_layer(SHAPE, 4, 4) == a
     assert e.parts["activations"] == 8 * context * 2 * a
-    assert e.parts["LM head"] == 8 * context * 1000 * 28
+    assert e.parts["LM head"] == 8 * 32 * 1000 * 22  # 8 rows x 32 response tokens
     fixed = 16 * N + e.parts["runtime"]
     assert e.peak == fixed + max(e.parts["activations"] + e.parts["LM head"], e.parts["generation"])
 

@@ -33,8 +33,8 @@ SHAPES = {  # name: (rows m, in k, out n, with backward)
 
 def rate(m: int, k: int, n: int, backward: bool, bf16: bool, repeats: int) -> float:
     """GFLOP/s of one shape."""
-    x = torch.randn(m, k, requires_grad=backward)
-    w = torch.randn(n, k, requires_grad=backward) * k**-0.5
+    x = torch.randn(m, k).requires_grad_(backward)
+    w = (torch.randn(n, k) * k**-0.5).requires_grad_(backward)
     ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
 
     def once() -> float:

@@ -19,11 +19,11 @@ from reasonrl.controller import Controller
 from reasonrl.metrics import read_jsonl
 from tests.conftest import tiny_run
 
-NOT_VALUES = ("timing_s/", "time", "ettr", "time_lost_s", "mttr_s", "perf/throughput")
+NOT_VALUES = ("timing_s/", "time", "ettr", "time_lost_s", "mttr_s", "perf/throughput", "perf/max_memory_gb")
 
 
 def values(row: dict) -> dict:
-    """A metrics row without its timings."""
+    """A metrics row without its timings and memory readings."""
     return {k: v for k, v in row.items() if not k.startswith(NOT_VALUES[0]) and k not in NOT_VALUES}
 
 

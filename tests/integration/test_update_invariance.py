@@ -38,7 +38,7 @@ def test_micro_batching_gives_same_loss_and_gradients(agg):
         # SGD with lr 1: the parameter change is exactly minus the accumulated gradient.
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         train = TrainConfig(mini_batch_size=8, micro_batch_size=micro, grad_clip=1e9)
-        metrics = update_policy(model, opt, batch, algo, train, temperature=1.0, horizon=7)
+        metrics = update_policy(model, opt, batch, algo, train, temperature=1.0, horizon=7, version=0)
         delta = torch.cat([(p0 - p1).flatten() for p0, p1 in zip(base.parameters(), model.parameters())])
         results.append((metrics, delta))
     (m8, d8), (m1, d1) = results
@@ -53,7 +53,7 @@ def _sgd_update(base, batch, algo, train):
     """(metrics, parameter change) of one update_policy call with SGD at lr 1 on a copy of ``base``."""
     model = copy.deepcopy(base)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    metrics = update_policy(model, opt, batch, algo, train, temperature=1.0, horizon=7)
+    metrics = update_policy(model, opt, batch, algo, train, temperature=1.0, horizon=7, version=0)
     return metrics, torch.cat([(p0 - p1).flatten() for p0, p1 in zip(base.parameters(), model.parameters())])
 
 
@@ -100,7 +100,7 @@ def test_a_mini_batch_without_signal_still_steps_the_optimizer():
         model = copy.deepcopy(base)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         train = TrainConfig(mini_batch_size=4, micro_batch_size=4, grad_clip=1e9, skip_zero_advantage=skip)
-        update_policy(model, opt, batch, algo, train, temperature=1.0, horizon=7)
+        update_policy(model, opt, batch, algo, train, temperature=1.0, horizon=7, version=0)
         deltas.append(torch.cat([(p0 - p1).flatten() for p0, p1 in zip(base.parameters(), model.parameters())]))
     torch.testing.assert_close(deltas[1], deltas[0], rtol=1e-4, atol=1e-7)
 
@@ -148,5 +148,5 @@ def test_a_single_mini_batch_costs_no_extra_forward_for_the_proximal_anchor():
         calls.clear()
         model.model.embed_tokens.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[0]))
         update_policy(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, algo,
-                      TrainConfig(mini_batch_size=mini, micro_batch_size=8, grad_clip=1e9), temperature=1.0, horizon=7)
+                      TrainConfig(mini_batch_size=mini, micro_batch_size=8, grad_clip=1e9), temperature=1.0, horizon=7, version=0)
         assert len(calls) == expected, (mini, calls)

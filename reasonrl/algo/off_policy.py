@@ -67,13 +67,18 @@ def behaviour_metrics(
     log_w = torch.clamp(old_logprobs - behaviour_logprobs, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND).detach()[valid]
     w = torch.exp(log_w)
     return {
-        "behaviour_kl": (w - log_w - 1.0).mean(),
+        "behaviour_kl": k3_mean(log_w),
         "is_weight_mean": w.mean(),
         "is_weight_max": w.max(),
         "is_truncated_frac": (w > cap).float().mean(),
         "ess": w.sum() ** 2 / (w.numel() * (w**2).sum()),
     }
 
+
+def k3_mean(log_ratio: torch.Tensor) -> torch.Tensor:
+    """mean(exp(r) - r - 1) over the (already selected, clamped) log-ratios r = log(p / q) of
+    samples from q: Schulman's k3 estimate of KL(q || p), never negative."""
+    return (torch.exp(log_ratio) - log_ratio - 1.0).mean()
 
 
 def logprob_mismatch(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -89,9 +94,8 @@ def logprob_mismatch(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Ten
         zero = torch.zeros((), device=mask.device)
         return {"logprob_diff_mean": zero, "logprob_diff_max": zero, "logprob_kl": zero}
     d = (trainer_logprobs - sampler_logprobs).detach()[valid]
-    clamped = torch.clamp(d, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
     return {
         "logprob_diff_mean": d.abs().mean(),
         "logprob_diff_max": d.abs().max(),
-        "logprob_kl": (torch.exp(clamped) - clamped - 1.0).mean(),
+        "logprob_kl": k3_mean(torch.clamp(d, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)),
     }

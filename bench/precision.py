@@ -24,9 +24,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from reasonrl.precision import PRECISIONS
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "dapo.yaml"
-PRECISIONS = ("fp32", "bf16-mixed")
 
 
 def log(*parts) -> None:

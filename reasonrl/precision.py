@@ -16,6 +16,7 @@ import contextlib
 import torch
 
 PRECISIONS = ("fp32", "bf16-mixed")
+"""The values of ``train.precision``."""
 
 
 def compute_context(precision: str, device: str) -> contextlib.AbstractContextManager:

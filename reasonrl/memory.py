@@ -11,8 +11,9 @@ training process and its rollout side hold at their peak:
     generation  the key/value cache, rows x (prompt + max_new_tokens) x layers x 2 Hkv D x b_c,
                 and the step's logits, rows x V x 4 x 3
     activations one micro-batch's tokens t (train.micro_batch_tokens, or micro_batch_size rows of
-                the longest prompt + max_new_tokens; at most a mini-batch's): t x layers x a (a below; t x layers x d x 4 with
-                train.grad_checkpointing, plus one layer's a recomputed), and the LM head's
+                the longest prompt + max_new_tokens; at most a mini-batch's): t x layers x a
+                (a below; t x layers x d x 4 with train.grad_checkpointing, plus one layer's a
+                recomputed), and the LM head's
                 r x V x (b_c + 18) over the micro-batch's response tokens r (its rows x
                 max_new_tokens): the logits, their fp32 copy, the log-softmax and the entropy's
                 probabilities kept for backward, and a gradient of that size

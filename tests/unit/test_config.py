@@ -170,6 +170,9 @@ def test_missing_recipe(tmp_path):
         (["algo.off_policy=bypass", "train.old_logprobs=recompute"], "train.old_logprobs = 'recompute': algo.off_policy=bypass takes"),
         (["algo.off_policy=tis", "train.old_logprobs=rollout"], "train.old_logprobs = 'rollout': algo.off_policy=tis recomputes"),
         (["algo.tis_cap=0.5"], "algo.tis_cap = 0.5: must be >= 1"),
+        (["train.precision=bf16-mixed", "model.dtype=bfloat16"],
+         "model.dtype = 'bfloat16': train.precision=bf16-mixed keeps the parameters in float32"),
+        (["train.precision=bf16"], "train.precision = 'bf16': expected one of 'fp32', 'bf16-mixed'"),
         (["rollout.mode=fast"], "rollout.mode = 'fast': expected one of 'sync', 'async', 'lockstep'"),
         (
             ["train.gen_prompts_per_step=8"],

@@ -243,10 +243,10 @@ class Controller:
             if self.shards is None:
                 self.slow.update("gen", 0, step, metrics["timing_s/rollout_gen"], work=max(len(got.record["drawn"]), 1))
             rollout = scored.rollout
-            loss_mask = rollout.response_mask
+            loss_mask = rollout.action_mask
             if cfg.algo.overlong_filter:
                 loss_mask = loss_mask * algo.overlong_filter_mask(rollout.truncated)[:, None]
-            behaviour = rollout.logprobs * rollout.response_mask
+            behaviour = rollout.logprobs * rollout.action_mask
             if cfg.algo.off_policy in algo.IS_WEIGHTS:
                 old = None  # the proximal policy: the update computes it from its first forward
             elif self.anchor_is_behaviour(rollout, version):
@@ -254,7 +254,7 @@ class Controller:
             else:
                 with self.stage(t, "old_log_prob"):
                     [old] = self.policy.call("logprobs", rollout)
-                gap = algo.behaviour_metrics(old, behaviour, rollout.response_mask, cfg.algo.tis_cap)
+                gap = algo.behaviour_metrics(old, behaviour, rollout.action_mask, cfg.algo.tis_cap)
                 metrics.update({f"off_policy/{k}": v.item() for k, v in gap.items()})
                 metrics.update(sampler_gap(old, behaviour, rollout, version))
             ref = values = None
@@ -359,11 +359,13 @@ class Controller:
         if a.adv_estimator in GROUP_ESTIMATORS:
             adv = GROUP_ESTIMATORS[a.adv_estimator](scored.scores, rollout.group_ids)
             return adv[:, None] * mask, None
-        token_rewards = algo.outcome_to_token_rewards(scored.scores, rollout.response_mask)
+        token_rewards = rollout.token_rewards
+        if token_rewards is None:
+            token_rewards = algo.outcome_to_token_rewards(scored.scores, rollout.action_mask)
         if a.adv_estimator == "reinforce_pp":
-            adv, _ = algo.reinforce_pp(token_rewards, rollout.response_mask, a.gamma)
+            adv, _ = algo.reinforce_pp(token_rewards, rollout.action_mask, a.gamma)
             return adv * mask, None
-        adv, returns = algo.gae(token_rewards, values, rollout.response_mask, a.gamma, a.lam)
+        adv, returns = algo.gae(token_rewards, values, rollout.action_mask, a.gamma, a.lam)
         return adv * mask, returns
 
     def learning_rate(self, step: int) -> float:
@@ -598,7 +600,7 @@ def _colocated(cfg: Config) -> Config:
 def batch_metrics(batch: TrainBatch) -> dict[str, float]:
     """Rewards, advantages, lengths and accuracy of the train batch (verl names)."""
     s, r = batch.scored, batch.scored.rollout
-    valid = r.response_mask.bool()
+    valid = r.action_mask.bool()
     lengths = r.lengths.float()
     out = {
         "critic/score/mean": s.scores.mean().item(),

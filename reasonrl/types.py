@@ -57,6 +57,15 @@ class RolloutBatch:
     group_ids:     [B] long, index of the prompt the sample answers
     versions:      [B, T] long, the policy version whose weights sampled each token (a
                    rollout interrupted by a weight update holds two or more; 0 on padding)
+    action_mask:   [B, T] float, 1 on the tokens the policy sampled: the loss, KL and entropy
+                   run over these only. A multi-turn trajectory's response holds the
+                   environment's tokens too (``response_mask`` 1, attended to, ``action_mask``
+                   0, log-prob 0); single-turn: equal to ``response_mask`` (None given)
+    token_rewards: [B, T] float, the environment's rewards, each on the last policy token of
+                   the turn that earned it (multi-turn; None: single-turn, the reward is the
+                   scored batch's sequence score)
+    episodes:      per row, what the episode ended with (multi-turn; None: single-turn):
+                   ``return``, ``success``, ``failed``, ``turns``, ``error``
     """
 
     prompt_ids: torch.Tensor
@@ -68,6 +77,13 @@ class RolloutBatch:
     truncated: torch.Tensor
     group_ids: torch.Tensor
     versions: torch.Tensor
+    action_mask: torch.Tensor | None = None
+    token_rewards: torch.Tensor | None = None
+    episodes: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.action_mask is None:
+            self.action_mask = self.response_mask
 
     @property
     def size(self) -> int:
@@ -84,7 +100,12 @@ class RolloutBatch:
 
     def select(self, index: torch.Tensor) -> "RolloutBatch":
         """Rows ``index`` (a [K] long tensor) of every field."""
-        return RolloutBatch(**{k: getattr(self, k)[index] for k in _ROLLOUT_FIELDS})
+        rows = {k: getattr(self, k)[index] for k in _ROLLOUT_FIELDS}
+        if self.token_rewards is not None:
+            rows["token_rewards"] = self.token_rewards[index]
+        if self.episodes is not None:
+            rows["episodes"] = [self.episodes[i] for i in index.tolist()]
+        return RolloutBatch(**rows)
 
     @staticmethod
     def concat(batches: list["RolloutBatch"], pad_id: int) -> "RolloutBatch":
@@ -105,13 +126,21 @@ class RolloutBatch:
             parts["prompt_mask"].append(pad(r.prompt_mask, (lp, 0)))
             parts["response_ids"].append(pad(r.response_ids, (0, rp), value=pad_id))
             parts["response_mask"].append(pad(r.response_mask, (0, rp)))
+            parts["action_mask"].append(pad(r.action_mask, (0, rp)))
             parts["logprobs"].append(pad(r.logprobs, (0, rp)))
             parts["versions"].append(pad(r.versions, (0, rp)))
             parts["eos"].append(r.eos)
             parts["truncated"].append(r.truncated)
             parts["group_ids"].append(r.group_ids + offset)
             offset += int(r.group_ids.max().item()) + 1 if r.size else 0
-        return RolloutBatch(**{k: torch.cat(v) for k, v in parts.items()})
+        out = {k: torch.cat(v) for k, v in parts.items()}
+        if any(r.token_rewards is not None for r in batches):
+            out["token_rewards"] = torch.cat([
+                pad(r.token_rewards, (0, T - r.response_ids.shape[1])) if r.token_rewards is not None
+                else torch.zeros_like(pad(r.logprobs, (0, T - r.response_ids.shape[1]))) for r in batches])
+        if any(r.episodes is not None for r in batches):
+            out["episodes"] = [e for r in batches for e in (r.episodes or [{} for _ in range(r.size)])]
+        return RolloutBatch(**out)
 
 
 _ROLLOUT_FIELDS = (
@@ -124,6 +153,7 @@ _ROLLOUT_FIELDS = (
     "truncated",
     "group_ids",
     "versions",
+    "action_mask",
 )
 
 

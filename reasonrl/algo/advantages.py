@@ -95,17 +95,19 @@ def reinforce_pp(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (as verl's compute_reinforce_plus_plus_outcome_advantage).
 
-    Returns-to-go, reset after each sequence's last valid token:
-      G[b, t] = r[b, t] + gamma * m[b, t] * G[b, t+1],  G[b, T] = 0
+    Returns-to-go over the valid tokens, carried across masked positions (the padding after a
+    sequence, an environment's tokens between the turns of a multi-turn one), G[b, T] = 0:
+      G[b, t] = m[b, t] * (r[b, t] + gamma * G[b, t+1]) + (1 - m[b, t]) * G[b, t+1]
     advantages = masked_whiten(G, m) * m (batch whitening over valid tokens); returns = G.
+    With one right-padded sequence per row this is verl's recursion.
     """
     mask = mask.to(token_rewards.dtype)
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t] + gamma * running
+        m = mask[:, t]
+        running = m * (token_rewards[:, t] + gamma * running) + (1 - m) * running
         returns[:, t] = running
-        running = running * mask[:, t]
     advantages = masked_whiten(returns, mask) * mask
     return advantages, returns
 

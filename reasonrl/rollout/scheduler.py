@@ -365,5 +365,7 @@ def trim_padding(batch: ScoredBatch) -> ScoredBatch:
         response_mask=r.response_mask[:, :T],
         logprobs=r.logprobs[:, :T],
         versions=r.versions[:, :T],
+        action_mask=r.action_mask[:, :T],
+        token_rewards=None if r.token_rewards is None else r.token_rewards[:, :T],
     )
     return replace(batch, rollout=rollout)

@@ -278,11 +278,20 @@ def _no_stats() -> dict[str, float]:
 
 
 _ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs", "eos", "truncated",
-                    "group_ids", "versions")
+                    "group_ids", "versions", "action_mask")
+
+
+def _rollout_state(r: RolloutBatch) -> dict:
+    state = {k: getattr(r, k).cpu() for k in _ROLLOUT_TENSORS}
+    if r.token_rewards is not None:
+        state["token_rewards"] = r.token_rewards.cpu()
+    if r.episodes is not None:
+        state["episodes"] = list(r.episodes)
+    return state
 
 
 def _scored_state(s: ScoredBatch) -> dict:
-    return {"rollout": {k: getattr(s.rollout, k).cpu() for k in _ROLLOUT_TENSORS}, "prompts": [asdict(p) for p in s.prompts],
+    return {"rollout": _rollout_state(s.rollout), "prompts": [asdict(p) for p in s.prompts],
             "texts": list(s.texts), "scores": s.scores.cpu(), "acc": s.acc.cpu(), "failed": s.failed.cpu(),
             "preds": list(s.preds), "extras": list(s.extras)}
 

@@ -134,7 +134,7 @@ def update_policy(
     skipping = train.skip_zero_advantage and algo.kl_loss_coef == 0 and algo.entropy_coef == 0
     active = ((batch.advantages != 0) & batch.loss_mask.bool()).any(-1) if skipping else None
     weigh = IS_WEIGHTS.get(algo.off_policy)
-    behaviour = rollout.logprobs * rollout.response_mask
+    behaviour = rollout.logprobs * rollout.action_mask
     anchor, known = batch.old_logprobs, None
     if anchor is None:
         anchor = torch.zeros_like(batch.loss_mask)
@@ -152,7 +152,7 @@ def update_policy(
         logprobs, entropy, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=True)
         mask = batch.loss_mask[rows, :T]
         if known is not None and not bool(known[rows].all()):  # first seen before any optimizer step
-            anchor[rows, :T] = logprobs.detach() * rollout.response_mask[rows, :T]
+            anchor[rows, :T] = logprobs.detach() * rollout.action_mask[rows, :T]
             known[rows] = True
         old = anchor[rows, :T]
         loss, metrics = ppo_clip(
@@ -189,7 +189,7 @@ def update_policy(
     out["trained_tokens"] = float(trained.sum())
     out["trained_rows_frac"] = 1.0 if active is None else float(active.float().mean())
     if known is not None:
-        gap = behaviour_metrics(anchor[known], behaviour[known], rollout.response_mask[known], algo.tis_cap)
+        gap = behaviour_metrics(anchor[known], behaviour[known], rollout.action_mask[known], algo.tis_cap)
         out.update({f"off_policy/{k}": v.item() for k, v in gap.items()})
         out.update(sampler_gap(anchor, behaviour, rollout, version, known))
     return out
@@ -201,7 +201,7 @@ def sampler_gap(
     """``rollout/logprob_*`` (:func:`logprob_mismatch`) of the trainer's log-probs against the
     sampling ones on the response tokens that weights ``version`` sampled (of ``rows``, a [B]
     bool, when given): the gap of numerics alone, no staleness in it. Empty when there is none."""
-    same = rollout.response_mask.bool() & (rollout.versions == version)
+    same = rollout.action_mask.bool() & (rollout.versions == version)
     if rows is not None:
         same &= rows[:, None]
     if not bool(same.any()):

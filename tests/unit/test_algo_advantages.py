@@ -168,12 +168,24 @@ def test_reinforce_pp_matches_loop():
         for b in range(rewards.shape[0]):
             running = 0.0
             for t in reversed(range(rewards.shape[1])):
-                running = float(rewards[b, t]) + gamma * running
+                if mask[b, t]:  # a masked position (an environment's token) passes the return on
+                    running = float(rewards[b, t]) + gamma * running
                 ref[b, t] = running
-                running *= float(mask[b, t])
         adv, ret = reinforce_pp(rewards, mask, gamma=gamma)
         assert torch.allclose(ret, ref, atol=1e-12)
         assert torch.allclose(adv, _loop_whiten(ref, mask), atol=1e-9)
+
+
+def test_reinforce_pp_credits_earlier_turns_across_environment_tokens():
+    # Two policy turns [1, 1] and [1], an environment token between them, the reward 1 on
+    # the last policy token: every policy token's return is 1 (gamma 1); resetting at the
+    # environment's token (verl's single-turn recursion) would give the first turn 0.
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0, 0.0]])
+    _, ret = reinforce_pp(rewards, mask, gamma=1.0)
+    assert ret[0, [0, 1, 3]].tolist() == [1.0, 1.0, 1.0]
+    _, ret = reinforce_pp(rewards, mask, gamma=0.5)
+    assert ret[0, [0, 1, 3]].tolist() == [0.25, 0.5, 1.0]
 
 
 def test_gae_matches_loop():

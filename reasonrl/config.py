@@ -8,7 +8,8 @@ Every field is documented where it is declared. ``load`` rejects unknown keys (w
 nearest valid key), wrong types and impossible values, naming the source, the dotted key,
 the bad value and what is allowed. The loader walks ``dataclasses.fields`` and the type
 hints, so a new field needs no loader change; field types may be ``bool``, ``int``,
-``float``, ``str``, ``Literal[...]``, ``X | None``, ``tuple[X, ...]`` and nested dataclasses.
+``float``, ``str``, ``Literal[...]``, ``X | None``, ``tuple[X, ...]``, ``dict[str, Any]`` (a
+mapping of YAML data, whose keys a dotted override sets one by one) and nested dataclasses.
 
 Values, in recipes and overrides alike, are YAML with YAML 1.2 scalars: only
 ``true``/``false`` are booleans (``yes`` is a string, hence an error for a bool field) and
@@ -340,6 +341,10 @@ class TrainConfig:
     """Recompute each decoder layer's activations in backward instead of keeping them (policy
     and critic): the forward keeps each layer's input only, and backward holds one layer's
     activations at a time, for about one more forward pass of compute."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """runtime.trainer_ranks > 1: 'ddp' all-reduces gradients (gloo on CPU, nccl on CUDA);
+    'fsdp' shards parameters, gradients and optimizer state (FSDP2, CUDA only), with bf16
+    parameters and fp32 reductions when model.dtype=bfloat16."""
     memory_check: bool = True
     """Estimate the memory a step needs before training starts (printed with the plan) and
     stop with an error naming the largest parts when it exceeds the memory available."""
@@ -458,6 +463,74 @@ class ResilienceConfig:
 
 
 @dataclass(frozen=True)
+class EnvConfig:
+    """Multi-turn environments (docs/agentic.md): with ``name`` set, every rollout is an episode."""
+
+    name: str = ""
+    """The environment: a registry name (``grid``, ``tool_arith``; ``reasonrl env-check --list``)
+    or ``module:Class`` (a reasonrl Env, a text ``gymnasium.Env`` or a GEM environment); with
+    it set the recipe's rollouts are episodes (the first observation is the prompt, the
+    episode's return the reward) and the training prompts are the environment's initial
+    states; empty: single-turn prompts from data.*."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the environment's constructor (``env.args.size=4``)."""
+    max_turns: int = 4
+    """Policy turns per episode; an episode still running after them is truncated."""
+    max_tokens: int = 256
+    """Token budget of a whole trajectory after the first observation (the policy's and the
+    environment's tokens); an episode that would exceed it is truncated. Each turn samples at
+    most rollout.max_new_tokens."""
+    reward: Literal["final", "turn"] = "final"
+    """'final': the episode's return (the sum of its rewards) is the sample's score, on its last
+    token; 'turn': each turn's reward sits on that turn's last policy token (PPO and REINFORCE++
+    discount them by algo.gamma) and the score is the return discounted by env.gamma per turn."""
+    gamma: float = 1.0
+    """env.reward=turn: per-turn discount of the score (sum over turns of gamma**turn * reward)."""
+    train_seeds: int = 100000
+    """Initial states to train on: reset seeds 0 .. train_seeds-1 (held-out states use seeds
+    from 10**9 on, never trained)."""
+    workers: int = 2
+    """Environment worker processes stepping episodes in parallel, each call with
+    env.step_timeout_s; 0: in this process, without timeouts."""
+    step_timeout_s: float = 10.0
+    """A reset or step that takes longer ends its episode as failed; the worker is replaced."""
+    tools: tuple[str, ...] = ()
+    """Tools offered to the policy on top of the environment's own (calculator, python),
+    described by OpenAI function schemas."""
+    tool_call_pattern: str = "<tool_call>(.*?)</tool_call>"
+    """Regular expression whose first group is a tool call's JSON
+    (``{"name": ..., "arguments": {...}}``) in the policy's text."""
+    tool_response_format: str = "<tool_response>{output}</tool_response>"
+    """How a tool's output is shown to the policy (``{output}`` is replaced)."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Where the workers run: this machine's processes, or Ray actors (docs/ray.md)."""
+
+    engine: Literal["local", "ray"] = "local"
+    """'local': workers in this process or in processes of their own; 'ray': the same worker
+    classes as Ray actors (needs the ray extra)."""
+    ray_address: str = ""
+    """engine=ray: the cluster to join (also the RAY_ADDRESS variable); empty: start a local one
+    with this machine's CPUs, listening on loopback only, dashboard off."""
+    placement: dict[str, Any] = field(default_factory=dict)
+    """engine=ray: resources per role (policy, reference, critic, rollout, reward, env), e.g.
+    ``{rollout: {cpus: 1}, policy: {cpus: 1, gpus: 0}, reference: {colocate: policy}}``;
+    roles not named take one CPU, colocated roles share their host's bundle."""
+    trainer_ranks: int = 1
+    """Data-parallel trainer ranks (torch.distributed, gloo on CPU, nccl on GPU): each trains
+    on its share of the batch, normalised by global token counts; N ranks compute the
+    single-rank update."""
+    collective_timeout_s: float = 120.0
+    """A collective that a rank has not entered this long after the first rank did is a hang:
+    the stuck rank is named (a ``hang`` event) and the job restarts from the last checkpoint."""
+    trace_collectives: bool = True
+    """Record every collective and weight broadcast per rank (op, sequence, bytes, enter and
+    exit times) in RUN_DIR/trace/ (``reasonrl trace RUN_DIR``)."""
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -471,6 +544,8 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     faults: tuple[str, ...] = ()
     """Injected faults ``kind@step[:key=value...]`` for drills (reasonrl/resilience/faults.py)."""
 
@@ -876,6 +951,11 @@ def _collect(
         key = f"{prefix}{name}"
         head, _, rest = str(name).partition(".")
         tp = types.get(head)
+        if tp is not None and rest and get_origin(tp) is dict:  # a key inside a mapping field
+            field_key = prefix + head
+            mapping_value = leaves[field_key][0] if isinstance(leaves.get(field_key, (None,))[0], dict) else {}
+            leaves[field_key] = (_set_path(mapping_value, rest.split("."), value), where(key))
+            continue
         if tp is None or (rest and not is_dataclass(tp)):
             match = difflib.get_close_matches(key, _dotted_keys(Config, ""), n=1)
             hint = f"did you mean {match[0]}?" if match else f"valid keys: {', '.join(prefix + n for n in types)}"
@@ -889,6 +969,14 @@ def _collect(
             _collect(value, tp, key + ".", where, leaves)
         else:
             leaves[key] = (value, where(key))
+
+
+def _set_path(mapping: dict[str, Any], path: list[str], value: Any) -> dict[str, Any]:
+    """A copy of ``mapping`` with the nested key ``path`` set to ``value``."""
+    head, *rest = path
+    out = dict(mapping)
+    out[head] = _set_path(out[head] if isinstance(out.get(head), dict) else {}, rest, value) if rest else value
+    return out
 
 
 def _build(cls: type, leaves: dict[str, tuple[Any, str]], prefix: str) -> Any:
@@ -950,6 +1038,10 @@ def _convert(value: Any, tp: Any) -> Any:
         if any(value == a and type(value) is type(a) for a in args):
             return value
         raise _Mismatch
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value) or not _plain_data(value):
+            raise _Mismatch
+        return value
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
@@ -965,6 +1057,15 @@ def _convert(value: Any, tp: Any) -> Any:
     return value
 
 
+def _plain_data(value: Any) -> bool:
+    """Whether ``value`` is YAML data: scalars, lists and mappings with string keys."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain_data(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(map(_plain_data, value))
+    return value is None or type(value) in (bool, int, float, str)
+
+
 def _describe(tp: Any) -> str:
     """What ``_convert`` accepts for ``tp``, in words."""
     origin, args = get_origin(tp), get_args(tp)
@@ -974,6 +1075,8 @@ def _describe(tp: Any) -> str:
         return "one of " + ", ".join(map(repr, args))
     if origin is tuple:
         return f"a list (or a comma-separated string) of items, each {_describe(args[0])}"
+    if origin is dict:
+        return "a mapping of names to values (YAML scalars, lists and mappings)"
     return _SCALARS[tp]
 
 
@@ -986,6 +1089,8 @@ def _type_name(tp: Any) -> str:
         return " | ".join(map(str, args))
     if origin is tuple:
         return f"list[{_type_name(args[0])}]"
+    if origin is dict:
+        return "mapping"
     return "null" if tp is type(None) else tp.__name__
 
 
@@ -994,4 +1099,6 @@ def _plain(value: Any) -> Any:
         return to_dict(value)
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     return value

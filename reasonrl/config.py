@@ -470,8 +470,9 @@ class EnvConfig:
     """The environment: a registry name (``grid``, ``tool_arith``; ``reasonrl env-check --list``)
     or ``module:Class`` (a reasonrl Env, a text ``gymnasium.Env`` or a GEM environment); with
     it set the recipe's rollouts are episodes (the first observation is the prompt, the
-    episode's return the reward) and the training prompts are the environment's initial
-    states; empty: single-turn prompts from data.*."""
+    episode's return the reward): the training prompts are the first observations of reset
+    seeds 0 .. data.train_size-1, the held-out ones those of data.test_size seeds from 10**9
+    on (never trained); empty: single-turn prompts from data.*."""
     args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the environment's constructor (``env.args.size=4``)."""
     max_turns: int = 4
@@ -486,9 +487,6 @@ class EnvConfig:
     discount them by algo.gamma) and the score is the return discounted by env.gamma per turn."""
     gamma: float = 1.0
     """env.reward=turn: per-turn discount of the score (sum over turns of gamma**turn * reward)."""
-    train_seeds: int = 100000
-    """Initial states to train on: reset seeds 0 .. train_seeds-1 (held-out states use seeds
-    from 10**9 on, never trained)."""
     workers: int = 2
     """Environment worker processes stepping episodes in parallel, each call with
     env.step_timeout_s; 0: in this process, without timeouts."""
@@ -634,8 +632,31 @@ def validate(cfg: Config) -> None:
     _require(t.precision != "bf16-mixed" or cfg.model.dtype == "float32", "model.dtype", cfg.model.dtype,
              "train.precision=bf16-mixed keeps the parameters in float32 (bf16 products); set model.dtype=float32, "
              "or train.precision=fp32 for pure low-precision parameters")
+    e = cfg.env
+    if e.name:
+        _require(r.backend != "vllm", "rollout.backend", r.backend,
+                 f"multi-turn episodes (env.name = {e.name!r}) continue each sequence with the environment's tokens, "
+                 "which the fast and hf backends do; set rollout.backend=fast")
+        _require(cfg.resilience.rollout_workers == 1, "resilience.rollout_workers", cfg.resilience.rollout_workers,
+                 f"multi-turn episodes (env.name = {e.name!r}) run on one rollout worker, with env.workers environment processes")
+        _require(not r.interrupt, "rollout.interrupt", r.interrupt,
+                 f"an episode (env.name = {e.name!r}) is not interrupted by new weights; set rollout.interrupt=false")
+    _require(_compiles(e.tool_call_pattern) and re.compile(e.tool_call_pattern).groups >= 1,
+             "env.tool_call_pattern", e.tool_call_pattern, "must be a regular expression with a group that holds the call's JSON")
+    _require("{output}" in e.tool_response_format, "env.tool_response_format", e.tool_response_format,
+             "must contain {output}, where the tool's output goes")
+    _require(t.strategy != "fsdp" or cfg.run.device.startswith("cuda"), "train.strategy", t.strategy,
+             f"FSDP shards over GPUs (nccl); on run.device = {cfg.run.device!r} use train.strategy=ddp")
     _require(s.hidden_size % s.heads == 0, "sft.heads", s.heads, f"must divide sft.hidden_size = {s.hidden_size}")
     _require(s.heads % s.kv_heads == 0, "sft.kv_heads", s.kv_heads, f"must divide sft.heads = {s.heads}")
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
 
 
 def _leaves(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
@@ -850,6 +871,13 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "resilience.reward_max_failures": _AT_LEAST_1,
     "resilience.rollout_timeout_s": _POSITIVE,
     "resilience.rollout_restarts": _NON_NEGATIVE,
+    "env.max_turns": _AT_LEAST_1,
+    "env.max_tokens": _AT_LEAST_1,
+    "env.gamma": _UNIT,
+    "env.workers": _NON_NEGATIVE,
+    "env.step_timeout_s": _POSITIVE,
+    "runtime.trainer_ranks": _AT_LEAST_1,
+    "runtime.collective_timeout_s": _POSITIVE,
 }
 """Single-key rules: dotted key -> (predicate, what is allowed). Checked in this order,
 before the cross-key rules in ``validate`` (which may then divide by the sizes)."""

@@ -41,9 +41,11 @@ from reasonrl.config import Config
 from reasonrl.data.model import load_tokenizer, model_context
 from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.sources import TEST_SPLITS
-from reasonrl.data.splits import read_prompts, read_splits, tokenize_prompts
+from reasonrl.data.splits import read_prompts, tokenize_prompts
+from reasonrl.env.splits import run_splits
 from reasonrl.errors import InputError, InputNotFound
 from reasonrl.reward.math import INVALID
+from reasonrl.rollout.base import generate_for
 from reasonrl.runtime import setup_torch
 from reasonrl.samples import sample_records
 from reasonrl.types import Prompt, SamplingParams
@@ -160,13 +162,13 @@ class Evaluator:
         for start in range(0, len(self.prompts), e.batch_prompts):
             prompts = self.prompts[start : start + e.batch_prompts]
             ids = self.prompt_ids[start : start + e.batch_prompts]
-            scored = self.reward.score(self.rollout.generate(ids, k, sampled, g), [p for p in prompts for _ in range(k)])
+            scored = self.reward.score(generate_for(self.rollout, prompts, ids, k, sampled, g), [p for p in prompts for _ in range(k)])
             records += [{**r, "greedy": False} for r in sample_records(scored, tokenizer, split, step)]
             acc = scored.acc.view(len(prompts), k).tolist()
             answers = [None if a == INVALID else a for a in scored.preds]
             greedy_acc: list[bool | None] = [None] * len(prompts)
             if e.greedy:
-                decoded = self.reward.score(self.rollout.generate(ids, 1, greedy, g), prompts)
+                decoded = self.reward.score(generate_for(self.rollout, prompts, ids, 1, greedy, g), prompts)
                 greedy_records += [{**r, "greedy": True} for r in sample_records(decoded, tokenizer, split, step)]
                 greedy_acc = decoded.acc.tolist()
             results += [PromptResult(p.data_source, tuple(acc[i]), tuple(answers[i * k : (i + 1) * k]), greedy_acc[i])
@@ -205,7 +207,7 @@ def read_datasets(cfg: Config, paths: list[str], sources: list[str], limit: int 
         for path in paths:
             datasets.append(Dataset(path, read_prompts([path], d, TEST_SPLITS)[0]))
     else:
-        splits = read_splits(cfg)
+        splits = run_splits(cfg)
         datasets = [Dataset(splits.test_from, splits.test)]
     if sources:
         found = sorted({p.data_source for ds in datasets for p in ds.prompts})

@@ -8,7 +8,8 @@ training process and its rollout side hold at their peak:
                 the asynchronous rollout process's own copy (rollout.mode async or lockstep)
     training    gradients N x b_p and AdamW's two moments 2 N x b_p, per trained model
     compute     bf16 copies of the weights, N x 2, while a forward runs (train.precision=bf16-mixed)
-    generation  the key/value cache, rows x (prompt + max_new_tokens) x layers x 2 Hkv D x b_c,
+    generation  the key/value cache, rows x (prompt + response) x layers x 2 Hkv D x b_c (the
+                response: rollout.max_new_tokens, or a whole trajectory's env.max_tokens),
                 and the step's logits, rows x V x 4 x 3
     activations one micro-batch's tokens t (train.micro_batch_tokens, or micro_batch_size rows of
                 the longest prompt + max_new_tokens; at most a mini-batch's): t x layers x a
@@ -144,7 +145,8 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
     b_p = DTYPE_BYTES[cfg.model.dtype]
     mixed = t.precision == "bf16-mixed"
     b_c = 2 if mixed else b_p
-    context = (prompt_len or cfg.data.max_prompt_len) + r.max_new_tokens
+    response = cfg.env.max_tokens if cfg.env.name else r.max_new_tokens  # a trajectory holds every turn
+    context = (prompt_len or cfg.data.max_prompt_len) + response
     critic = a.adv_estimator == "gae"
     separate_rollout = r.mode != "sync"
 
@@ -162,7 +164,7 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
         activations = tokens * shape.layers * shape.hidden * 4 + tokens * per_layer
     else:
         activations = tokens * shape.layers * per_layer
-    head = max(tokens // context, 1) * r.max_new_tokens * shape.vocab * (b_c + 18)
+    head = max(tokens // context, 1) * response * shape.vocab * (b_c + 18)
     kernels = KERNEL_CACHE_BYTES if b_c == 2 and not cfg.run.device.startswith("cuda") else 0
     trainer_peak = weights + training + compute + RUNTIME_BYTES + kernels
     if separate_rollout:  # its own process: weights, their compute copy, the cache, the runtime

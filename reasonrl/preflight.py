@@ -98,9 +98,9 @@ def preflight(cfg: Config) -> Plan:
     """Check ``cfg`` in the order of the module docstring; the Plan of what would run."""
     state = run_state(cfg)
     check_data_files(cfg)
-    from reasonrl.data.splits import read_splits
+    from reasonrl.env.splits import run_splits
 
-    splits = read_splits(cfg)
+    splits = run_splits(cfg)
     train, test = splits.train, splits.test
     reward = reward_line(cfg, train + test)
     from reasonrl.loggers import check_loggers
@@ -128,7 +128,9 @@ def preflight(cfg: Config) -> Plan:
 def reward_line(cfg: Config, prompts: list) -> str:
     """What grades the run (every function resolved, InputError otherwise): ``reward.fn``, then
     each ``reward.by_source`` entry with its row count ("no rows" when the data has no such
-    source), then the format reward."""
+    source), then the format reward; with ``env.name``, the episodes' return."""
+    if cfg.env.name:
+        return f"the return of each env {cfg.env.name} episode (env.reward={cfg.env.reward})"
     from collections import Counter
 
     from reasonrl.reward.base import Grader, parse_by_source

@@ -6,7 +6,7 @@ from typing import Protocol
 
 import torch
 
-from reasonrl.types import RolloutBatch, SamplingParams
+from reasonrl.types import Prompt, RolloutBatch, SamplingParams
 
 
 class Generator(Protocol):
@@ -33,6 +33,16 @@ class Generator(Protocol):
 
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Sample with these parameters (name -> tensor, as ``named_parameters``) from now on."""
+
+
+def generate_for(generator, prompts: list[Prompt], ids: list[list[int]], n: int, params: SamplingParams,
+                 rng: torch.Generator) -> RolloutBatch:
+    """``generator.generate(ids, n, params, rng)``; an episodic generator (one whose
+    ``episodic`` is True: the multi-turn rollout worker, which resets an environment per
+    prompt) also gets the prompts themselves as ``states``."""
+    if getattr(generator, "episodic", False):
+        return generator.generate(ids, n, params, rng, states=prompts)
+    return generator.generate(ids, n, params, rng)
 
 
 @torch.no_grad()

@@ -40,6 +40,7 @@ import torch
 
 from reasonrl import algo
 from reasonrl.errors import LimitError
+from reasonrl.rollout.base import generate_for
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch
 
 ScoreFn = Callable[[RolloutBatch, list[Prompt]], ScoredBatch]
@@ -219,11 +220,14 @@ class RolloutScheduler:
     def _collect_plain(self, next_prompts: NextPrompts, generator: torch.Generator):
         pairs = self._draw(next_prompts, self.want_groups, 0)
         self._set_state(SampleState.GENERATING)
-        rollout = self.generator.generate([ids for _, ids in pairs], self.n, self.params, generator)
+        rollout = self._generate(pairs, generator)
         scored = self._score(rollout, pairs, 0)
         self._set_state(SampleState.KEPT)
         self.kept_draws = list(range(len(pairs)))
         return scored, self.stats(1)
+
+    def _generate(self, pairs, generator: torch.Generator) -> RolloutBatch:
+        return generate_for(self.generator, [p for p, _ in pairs], [ids for _, ids in pairs], self.n, self.params, generator)
 
     def _set_state(self, state: SampleState, gen_batch: int | None = None) -> None:
         for s in self.samples:
@@ -254,8 +258,7 @@ class RolloutScheduler:
                 for record, length in zip(records, result.aborted_lengths, strict=True):
                     record.state, record.tokens = SampleState.ABORTED, length
             else:
-                rollout = self.generator.generate(ids, self.n, self.params, generator)
-                on_groups_done(list(range(len(pairs))), rollout)
+                on_groups_done(list(range(len(pairs))), self._generate(pairs, generator))
             gen_batch += 1
         batch = trim_padding(ScoredBatch.concat(kept, self.pad_id))
         return batch, self.stats(gen_batch)

@@ -8,6 +8,7 @@ from reasonrl import algo
 from reasonrl.config import Config
 from reasonrl.data.model import load_tokenizer
 from reasonrl.reward.base import Grades, row_fields
+from reasonrl.reward.episode import episode_grades
 from reasonrl.reward.pool import RewardPool
 from reasonrl.types import Prompt, RolloutBatch, ScoredBatch
 
@@ -19,6 +20,10 @@ class RewardWorker:
 
     score = grade(decode(response), ground truth, row) + overlong_penalty(length)   (the
     penalty only with ``algo.overlong_buffer > 0``)
+
+    Multi-turn episodes (``env.name``) are graded by their environment's return instead
+    (:func:`~reasonrl.reward.episode.episode_grades`); their length is the whole trajectory's,
+    so the overlong punishment measures it against ``env.max_tokens``.
     """
 
     def __init__(self, cfg: Config, model_dir: str | Path) -> None:
@@ -38,7 +43,8 @@ class RewardWorker:
     def score(self, rollout: RolloutBatch, prompts: list[Prompt]) -> ScoredBatch:
         """The scored batch: ``prompts`` has one entry per row."""
         texts = self.decode(rollout)
-        return self.assemble(rollout, prompts, texts, self.grade(texts, prompts))
+        grades = episode_grades(rollout.episodes) if rollout.episodes is not None else self.grade(texts, prompts)
+        return self.assemble(rollout, prompts, texts, grades)
 
     def assemble(self, rollout: RolloutBatch, prompts: list[Prompt], texts: list[str], grades: Grades) -> ScoredBatch:
         """The ScoredBatch of graded rows, the overlong punishment added to the scores (and to
@@ -47,8 +53,8 @@ class RewardWorker:
         scores, extras = grades.scores, grades.extras
         a = self.cfg.algo
         if a.overlong_buffer > 0:
-            penalty = algo.overlong_penalty(rollout.lengths.cpu(), self.cfg.rollout.max_new_tokens, a.overlong_buffer,
-                                            a.overlong_penalty)
+            longest = self.cfg.env.max_tokens if rollout.episodes is not None else self.cfg.rollout.max_new_tokens
+            penalty = algo.overlong_penalty(rollout.lengths.cpu(), longest, a.overlong_buffer, a.overlong_penalty)
             scores = scores + penalty
             extras = [{**x, "overlong_penalty": p} for x, p in zip(extras, penalty.tolist())]
         return ScoredBatch(rollout, prompts, texts, scores.to(device), grades.acc.to(device), grades.failed.to(device),

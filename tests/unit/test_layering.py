@@ -1,7 +1,7 @@
 """The package's layering: a module imports only from its own layer or the layers before it.
 
-    types, config, errors <- algo <- decoder, precision, memory, data, rollout, reward, train, checkpoint, metrics,
-    loggers, samples
+    types, config, errors <- algo <- decoder, precision, memory, data, env, rollout, reward, train, checkpoint,
+    metrics, loggers, samples
     <- workers <- runtime <- resilience, evaluation, report <- controller, preflight <- cli
 
 Every import counts, also one inside a function (a lazy import still ties the layers).
@@ -19,7 +19,8 @@ PACKAGE = Path(reasonrl.__file__).parent
 LAYERS: list[set[str]] = [
     {"types", "config", "errors", "__version__"},  # __version__: the package root's, read by the CLI
     {"algo"},
-    {"decoder", "precision", "memory", "data", "rollout", "reward", "train", "checkpoint", "metrics", "loggers", "samples"},
+    {"decoder", "precision", "memory", "data", "env", "rollout", "reward", "train", "checkpoint", "metrics", "loggers",
+     "samples"},
     {"workers"},
     {"runtime"},
     {"resilience", "evaluation", "report"},

@@ -1,0 +1,134 @@
+"""Environments for tests, loaded by import path (env.name=tests.env_fixtures:NAME)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+
+class Faulty:
+    """A reasonrl Env that misbehaves on request: the action ``raise`` raises, ``hang`` sleeps
+    30 s, ``exit`` ends its process, ``lambda`` returns an info that does not pickle, ``win``
+    ends the episode with reward 1; any other action is echoed with the turn number. A negative
+    reset seed raises. ``demonstration`` plays ``script``."""
+
+    def __init__(self, script: tuple[str, ...] = ("win",)):
+        self.script = list(script)
+        self.turn = 0
+
+    def reset(self, seed):
+        if seed < 0:
+            raise ValueError("negative seed")
+        self.turn = 0
+        return f"seed {seed}", {}
+
+    def step(self, action):
+        self.turn += 1
+        if action == "raise":
+            raise ValueError("boom")
+        if action == "hang":
+            time.sleep(30)
+        if action == "exit":
+            os._exit(3)
+        if action == "lambda":
+            return "x", 0.0, False, False, {"f": lambda: 0}
+        if action == "win":
+            return "won", 1.0, True, False, {"success": True}
+        return f"{action} {self.turn}", 0.0, False, False, {}
+
+    def demonstration(self, seed):
+        return self.script
+
+
+class WrongReward(Faulty):
+    """Returns its reward as text."""
+
+    def step(self, action):
+        return "x", "1", False, False, {}
+
+
+class Unseeded(Faulty):
+    """A first observation drawn from the ``random`` module, whatever the seed."""
+
+    def reset(self, seed):
+        return f"start {random.random()}", {}
+
+
+class SeedIgnored(Faulty):
+    """The same first observation for every seed."""
+
+    def reset(self, seed):
+        return "start", {}
+
+
+class NoisyStep(Faulty):
+    """Seeded resets, but steps drawn from the ``random`` module."""
+
+    def step(self, action):
+        return f"{random.random()}", 0.0, False, False, {}
+
+
+class NeedsLevel:
+    """An env whose constructor needs ``level``."""
+
+    def __init__(self, level: int):
+        self.level = level
+
+    def reset(self, seed):
+        return f"level {self.level}", {}
+
+    def step(self, action):
+        return "done", 0.0, True, False, {}
+
+
+class Exploding:
+    """An env whose constructor fails."""
+
+    def __init__(self):
+        raise RuntimeError("no GPU here")
+
+
+class NotAnEnv:
+    """A class with neither reset nor step."""
+
+
+class GemLike:
+    """Gymnasium's keyword API without gymnasium (as GEM's environments): ``reset(seed=...,
+    options=...)``, and a step that returns a list instead of a tuple on ``list``."""
+
+    def reset(self, seed=None, options=None):
+        self.seed = seed
+        return f"gem {seed}", {"options": options}
+
+    def step(self, action):
+        if action == "list":
+            return ["x", 0.0, True, False, {}]
+        return f"{self.seed}:{action}", 0.5, True, False, {}
+
+
+def __getattr__(name):
+    """``TextGym``, defined on first use: gymnasium (0.4 s to import) is imported only by the
+    tests that need it, not by every env worker that loads this module."""
+    if name != "TextGym":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import gymnasium
+    import numpy as np
+
+    class TextGym(gymnasium.Env):
+        """A text ``gymnasium.Env``: the first observation is a number drawn from the seeded
+        ``np_random``; a step returns numpy's float and bool types."""
+
+        observation_space = gymnasium.spaces.Text(64)
+        action_space = gymnasium.spaces.Text(64)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.start = int(self.np_random.integers(1000))
+            return f"start {self.start}", {}
+
+        def step(self, action):
+            return f"{self.start} {action}", np.float32(0.5), np.bool_(action == "stop"), np.bool_(False), {}
+
+    globals()["TextGym"] = TextGym
+    return TextGym

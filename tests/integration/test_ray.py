@@ -1,0 +1,269 @@
+"""The Ray runtime on a small local cluster: RayGroup calls, concurrency, timeouts, a killed
+actor and its restart, placement, weight broadcast, and a cluster listening on loopback only."""
+
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+if importlib.util.find_spec("ray") is None:  # not importorskip: connect() must be the first to import ray
+    pytest.skip("ray is not installed (pip install 'reasonrl[ray]')", allow_module_level=True)
+
+from reasonrl.config import RuntimeConfig
+from reasonrl.errors import InputError, LimitError
+from reasonrl.runtime import WorkerDied, WorkerTimeout, gather
+from reasonrl.runtime import ray as rayrt
+from reasonrl.runtime.placement import check_fits, parse_placement
+from reasonrl.types import WeightsUpdate
+from tests.ray_fixtures import Receiver, Refused
+from tests.worker_fixtures import Counter, broken
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = rayrt.connect(RuntimeConfig(), cpus=2, timeout_s=90)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def counters(cluster):
+    """Two Counter actors (starting at 0 and 100), ``set_flag`` concurrent; shared to save actor starts."""
+    group = rayrt.RayGroup(Counter, [(0,), (100,)], "counter", timeout_s=30, concurrent=("set_flag",))
+    yield group
+    group.close()
+
+
+def test_importing_the_runtime_never_imports_ray():
+    code = ("import sys, reasonrl, reasonrl.runtime, reasonrl.runtime.ray, reasonrl.runtime.placement; "
+            "assert 'ray' not in sys.modules, 'ray was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+_JOIN = """
+import sys
+from reasonrl.config import RuntimeConfig
+from reasonrl.errors import InputError
+from reasonrl.runtime import ray as rayrt
+from tests.worker_fixtures import Counter
+for bad in ("not an address", "ray://head:10001"):
+    try:
+        rayrt.connect(RuntimeConfig(ray_address=bad), timeout_s=30)
+        raise SystemExit(f"{bad!r} was accepted")
+    except InputError as err:
+        assert str(err).startswith(f"runtime.ray_address = {bad!r}: "), err
+cluster = rayrt.connect(RuntimeConfig(ray_address=sys.argv[1]), timeout_s=60)
+assert not cluster.started
+group = rayrt.RayGroup(Counter, [(5,)], "joined", timeout_s=30)
+assert group.call("add", 1) == [6]
+group.close()
+cluster.close()
+"""
+
+
+def test_another_process_joins_the_cluster_by_address_and_leaves_it_running(cluster):
+    subprocess.run([sys.executable, "-c", _JOIN, cluster.address], check=True, timeout=120,
+                   cwd=Path(__file__).resolve().parents[2])
+    assert cluster.resources()["CPU"] == 2
+
+
+def test_calls_run_in_order_take_kwargs_and_raise_the_workers_own_exceptions(counters):
+    group = counters
+    start = group.call("add", 0)
+    futures = [group.submit("add", i) for i in range(20)]
+    assert [f.result(timeout=30) for f in futures[-1]] == [s + sum(range(20)) for s in start]
+    assert [gather(fs, 30, "add") for fs in futures[:3]] == [[s + t for s in start] for t in (0, 1, 3)]
+    assert group.call("sleep", seconds=0.01) == [0.01, 0.01]
+    assert group.submit_to(1, "add", x=1).result(timeout=30) == start[1] + sum(range(20)) + 1
+    with pytest.raises(ValueError, match="boom") as err:
+        group.call("fail", "boom")
+    notes = "".join(err.value.__notes__)
+    assert "in counter[0]" in notes and "worker_fixtures.py" in notes
+    assert len(set(group.pids)) == 2 and os.getpid() not in group.pids
+
+
+def test_a_factory_that_fails_raises_its_own_exception(cluster):
+    with pytest.raises(RuntimeError, match="cannot build this worker"):
+        rayrt.RayGroup(broken, [()], "broken", timeout_s=30)
+
+
+def test_a_concurrent_method_runs_beside_a_running_call(counters):
+    waiting = counters.submit_to(0, "wait_for_flag", 20.0)
+    time.sleep(0.3)
+    assert counters.submit_to(0, "set_flag").result(timeout=10) is True
+    assert waiting.result(timeout=5) is True  # it saw the flag: both ran at once
+
+
+def test_a_call_past_its_timeout_raises_worker_timeout_naming_the_call(cluster):
+    group = rayrt.RayGroup(Counter, [()], "sleeper", timeout_s=1.0, start_timeout_s=60)
+    try:
+        began = time.monotonic()
+        with pytest.raises(WorkerTimeout, match=r"sleeper\.sleep: no answer within 1.0 s"):
+            group.call("sleep", 30)
+        assert time.monotonic() - began < 3
+    finally:
+        group.kill()
+
+
+def test_a_killed_actor_fails_its_calls_with_worker_died_and_restart_brings_it_back(cluster):
+    group = rayrt.RayGroup(Counter, [(0,), (0,)], "victim", timeout_s=30)
+    try:
+        group.call("add", 5)
+        old = group.pids[0]
+        pending = group.submit_to(0, "sleep", 30)
+        time.sleep(0.3)
+        os.kill(old, signal.SIGKILL)
+        began = time.monotonic()
+        with pytest.raises(WorkerDied, match=rf"victim\[0\]: the actor \(pid {old}\) died"):
+            pending.result(timeout=15)
+        assert time.monotonic() - began < 10
+        with pytest.raises(WorkerDied, match=r"victim\[0\]"):
+            group.submit_to(0, "add", 1).result(timeout=15)
+        assert not group.alive(0) and group.alive(1)
+        group.restart(0)
+        assert group.alive(0) and group.pids[0] != old
+        assert group.call("add", 1) == [1, 6]  # a new worker from the same arguments; the other kept its state
+    finally:
+        group.close()
+
+
+def test_placement_errors_name_the_key_and_an_impossible_placement_fails_at_once(cluster):
+    with pytest.raises(InputError, match=r"runtime\.placement\.rollout\.cpus = -1: expected a number > 0"):
+        parse_placement({"rollout": {"cpus": -1}})
+    with pytest.raises(InputError, match=r"runtime\.placement\.rolout = .*did you mean rollout\?"):
+        parse_placement({"rolout": {"cpus": 1}})
+    with pytest.raises(InputError, match=r"runtime\.placement\.reward\.gpu = 1: unknown key \(did you mean gpus\?\)"):
+        parse_placement({"reward": {"gpu": 1}})
+    with pytest.raises(InputError, match=r"runtime\.placement\.reference\.colocate = 'critic': critic is itself colocated"):
+        parse_placement({"critic": {"colocate": "policy"}, "reference": {"colocate": "critic"}})
+    shared = parse_placement({"reference": {"colocate": "policy", "cpus": 0.5}, "rollout": {"count": 2}})
+    plan = shared.plan({"policy": 2, "reference": 1, "rollout": 1})
+    assert plan.bundles == [{"CPU": 1.5}, {"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}]  # reference shares policy's first
+    assert plan.index == {"policy": [0, 1], "rollout": [2, 3], "reference": [0]}
+    with pytest.raises(InputError, match=r"reference\.colocate = 'policy': 2 reference actors cannot share the 1 bundles"):
+        parse_placement({"reference": {"colocate": "policy", "count": 2}}).plan({"policy": 1, "reference": 1})
+    plan = parse_placement({"rollout": {"cpus": 64}}).plan({"policy": 1, "rollout": 1})
+    began = time.monotonic()
+    with pytest.raises(LimitError, match=r"runtime\.placement.*rollout: 1 actor x 64 CPU \(runtime\.placement\.rollout\.cpus\)"
+                                         r".*the cluster has 2 CPU"):
+        rayrt.Reservation(plan, timeout_s=30)
+    assert time.monotonic() - began < 3
+    check_fits(parse_placement({}).plan({"policy": 1, "rollout": 1}), cluster.resources())
+
+
+def test_a_placement_the_busy_cluster_cannot_place_fails_within_its_timeout(cluster):
+    hog = rayrt.RayGroup(Counter, [()], "hog", timeout_s=30, resources=[{"CPU": 2}])
+    try:
+        began = time.monotonic()
+        with pytest.raises(LimitError, match=r"did not place the bundles \[\{'CPU': 1.0\}\].*within 2 s"):
+            rayrt.Reservation(parse_placement({}).plan({"rollout": 1}), timeout_s=2)
+        assert time.monotonic() - began < 8
+    finally:
+        hog.close()
+    reservation = rayrt.Reservation(parse_placement({"rollout": {"cpus": 1}}).plan({"rollout": 1}), timeout_s=30)
+    try:
+        group = rayrt.RayGroup(Counter, [(1,)], "placed", timeout_s=30, **reservation.options("rollout"))
+        assert group.call("add", 1) == [2]
+        group.close()
+    finally:
+        reservation.close()
+
+
+def test_broadcast_puts_an_update_once_and_every_worker_gets_it(cluster, monkeypatch):
+    puts = []
+    real_put = rayrt.put
+    monkeypatch.setattr(rayrt, "put", lambda obj: puts.append(obj) or real_put(obj))
+    group = rayrt.RayGroup(Receiver, [(), ()], "rollout", timeout_s=30)
+    try:
+        with pytest.raises(Refused, match="not today"):  # an exception type of the test's own
+            group.call("refuse", "not today")
+        update = WeightsUpdate(7, {"w": torch.randn(512, 512), "b": torch.arange(10), "h": torch.ones(3, dtype=torch.bfloat16)})
+        results = gather(rayrt.broadcast(group, "load_weights", update), 30, "rollout.load_weights")
+        assert len(puts) == 1
+        for version, tensors in results:
+            assert version == 7 and tensors.keys() == update.tensors.keys()
+            for name, t in update.tensors.items():
+                assert tensors[name].dtype == t.dtype and torch.equal(tensors[name], t)
+    finally:
+        group.close()
+
+
+def _listening_sockets(pids: list[int]) -> list[tuple[int, str, str, int]]:
+    """(pid, protocol, address, port) of every listening TCP socket and bound UDP socket of ``pids``."""
+    by_inode = {}
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        with open(f"/proc/net/{proto}") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], int(fields[9])
+                if state == ("0A" if proto.startswith("tcp") else "07"):  # LISTEN; UDP: bound, unconnected
+                    hexip, hexport = local.split(":")
+                    raw = bytes.fromhex(hexip)
+                    if len(raw) == 4:
+                        ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
+                    else:
+                        ip = socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+                    by_inode[inode] = (proto, ip, int(hexport, 16))
+    found = []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and int(link[8:-1]) in by_inode:
+                found.append((pid, *by_inode[int(link[8:-1])]))
+    return found
+
+
+def _process_tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def _is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
+def test_a_started_cluster_listens_on_loopback_only(cluster, counters):
+    if not cluster.started:
+        pytest.skip("joined an existing cluster (RAY_ADDRESS): its sockets are its own")
+    tree = _process_tree(os.getpid())  # the driver, GCS, raylet, agents and every worker descend from it
+    assert set(counters.pids) <= set(tree)
+    sockets = _listening_sockets(tree)
+    assert len(sockets) >= 5, sockets  # GCS, raylet (2), runtime-env agent, driver, actors
+    assert {pid for pid, *_ in sockets} >= set(counters.pids)
+    exposed = [s for s in sockets if not _is_loopback(s[2])]
+    assert not exposed, f"listening beyond loopback: {exposed}"

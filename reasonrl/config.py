@@ -632,6 +632,8 @@ def validate(cfg: Config) -> None:
     _require(t.precision != "bf16-mixed" or cfg.model.dtype == "float32", "model.dtype", cfg.model.dtype,
              "train.precision=bf16-mixed keeps the parameters in float32 (bf16 products); set model.dtype=float32, "
              "or train.precision=fp32 for pure low-precision parameters")
+    _require(cfg.runtime.engine == "local" or cfg.resilience.rollout_workers == 1, "resilience.rollout_workers",
+             cfg.resilience.rollout_workers, "runtime.engine=ray runs the rollout side as one actor")
     e = cfg.env
     if e.name:
         _require(r.backend != "vllm", "rollout.backend", r.backend,

@@ -33,7 +33,8 @@ from reasonrl.config import Config, config_hash, dump
 from reasonrl.data.model import load_tokenizer, model_context
 from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.sources import source_name
-from reasonrl.data.splits import read_splits, tokenize_prompts
+from reasonrl.data.splits import tokenize_prompts
+from reasonrl.env.splits import run_splits
 from reasonrl.errors import InputError, LimitError, ResumeError, error_line
 from reasonrl.evaluation import Evaluator
 from reasonrl.loggers import check_loggers, open_loggers
@@ -45,6 +46,7 @@ from reasonrl.resilience.guards import NonFiniteGuard, StageWatchdog, run_detect
 from reasonrl.resilience.injection import FaultyHeartbeat, FaultyPolicy, FaultyRewards, FaultyRollout, checkpoint_writer
 from reasonrl.resilience.rundir import RunLock, check_run_dir
 from reasonrl.resilience.shards import ShardedRollouts
+from reasonrl.rollout.agent_loop import AgentLoop
 from reasonrl.rollout.source import AsyncSource, RolloutProducer, SyncSource
 from reasonrl.samples import sample_records
 from reasonrl.train.update import sampler_gap
@@ -118,7 +120,7 @@ class Controller:
         self.model_dir = resolve_model_dir(cfg, log)
         self.tokenizer = load_tokenizer(self.model_dir)
         self.pad_id = self.tokenizer.pad_token_id
-        splits = read_splits(cfg)
+        splits = run_splits(cfg)
         log(f"data: {splits.description}")
         context = model_context(self.model_dir)
         train_tokens = tokenize_prompts(splits.train, self.tokenizer, cfg, context, splits.train_from)
@@ -145,9 +147,10 @@ class Controller:
         self.faults = parse_faults(list(cfg.faults)).bind(self.run_dir)
         kinds = {f.kind for f in self.faults.faults}
         rollout_side = kinds & {"slow", "reward_timeout", "reward_error"}
-        if rollout_side and cfg.rollout.mode != "sync":
-            raise InputError(f"faults: {', '.join(sorted(rollout_side))} act on the rollout side, which rollout.mode="
-                             f"{cfg.rollout.mode} runs in a rollout process of its own; rehearse them with rollout.mode=sync")
+        if rollout_side and (cfg.rollout.mode != "sync" or cfg.runtime.engine == "ray"):
+            where = f"rollout.mode={cfg.rollout.mode}" if cfg.rollout.mode != "sync" else "runtime.engine=ray"
+            raise InputError(f"faults: {', '.join(sorted(rollout_side))} act on the rollout side, which {where} runs in "
+                             "a rollout process of its own; rehearse them with rollout.mode=sync and runtime.engine=local")
         clock = lambda: self.step_count + 1  # noqa: E731 - the step the faults see
         r = cfg.resilience
         self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
@@ -161,10 +164,13 @@ class Controller:
         self.val_samples: list[dict] = []
         """Sample records of the last validation, every one."""
 
+        self.cluster = self.reservation = None
+        if cfg.runtime.engine == "ray":
+            self.cluster, self.reservation = ray_reservation(cfg, self.model_dir)
         policy = PolicyWorker(cfg, self.model_dir)
         self.policy = LocalGroup([FaultyPolicy(policy, self.faults, clock) if "nan" in kinds else policy])
-        self.reference = LocalGroup([ReferenceWorker(cfg, self.model_dir)]) if cfg.algo.kl_loss_coef > 0 else None
-        self.critic = LocalGroup([CriticWorker(cfg, self.model_dir)]) if cfg.algo.adv_estimator == "gae" else None
+        self.reference = self._group("reference", ReferenceWorker) if cfg.algo.kl_loss_coef > 0 else None
+        self.critic = self._group("critic", CriticWorker) if cfg.algo.adv_estimator == "gae" else None
         self.trainer_numerics = trainer_numerics(cfg)
 
         reward = RewardWorker(cfg, self.model_dir)
@@ -172,11 +178,12 @@ class Controller:
             reward = FaultyRewards(reward, self.faults, clock)
         self._reward = reward  # validation grades with it (in sync mode it is also the producer's)
         self.shards: ShardedRollouts | None = None
-        if cfg.rollout.mode == "sync":
+        if cfg.rollout.mode == "sync" and self.reservation is None:
             self.source, evaluation = self._sync_source(policy, reward, train, train_ids, "slow" in kinds, clock)
         else:
             self.source = self._async_source(policy, train, train_ids)
             evaluation = RolloutWorker(_colocated(cfg), self.model_dir, module=policy.module)
+        self._evaluation = evaluation
         self.evaluator = Evaluator(cfg, evaluation, reward, test, test_ids)
         self.registry = self._registry()
         self.writer = checkpoint_writer(self.run_dir / "checkpoints", cfg.checkpoint.keep, self.faults)
@@ -210,17 +217,39 @@ class Controller:
         registry.add("rng", ProcessRNG())
         return registry
 
+    def _group(self, role: str, factory):
+        """A group of one ``factory(cfg, model_dir)`` worker: in this process, or with
+        runtime.engine=ray a Ray actor in ``role``'s bundle (calls bounded by
+        resilience.hang_timeout_s, else resilience.rollout_timeout_s)."""
+        if self.reservation is None:
+            return LocalGroup([factory(self.cfg, self.model_dir)])
+        from reasonrl.runtime.ray import RayGroup
+
+        r = self.cfg.resilience
+        return RayGroup(factory, [(self.cfg, self.model_dir)], role, timeout_s=r.hang_timeout_s or r.rollout_timeout_s,
+                        start_timeout_s=r.rollout_timeout_s, **self.reservation.options(role))
+
     def _async_source(self, policy: PolicyWorker, train: list[Prompt], train_ids: list[list[int]]) -> AsyncSource:
+        """The rollout side in a process of its own, or a Ray actor (runtime.engine=ray, where
+        rollout.mode=sync runs as lockstep at staleness 0: the same batches, bit for bit)."""
         cfg, r = self.cfg, self.cfg.resilience
         threads = cfg.rollout.threads or torch.get_num_threads()
+        args = (cfg, self.model_dir, train, train_ids, threads)
+        concurrent = ("offer_weights", "stage_weights")
 
-        def launch() -> ProcessGroup:
-            return ProcessGroup(build_producer, (cfg, self.model_dir, train, train_ids, threads), name="rollout",
-                                timeout_s=r.rollout_timeout_s, start_timeout_s=r.rollout_timeout_s, concurrent=("offer_weights",))
+        def launch():
+            if self.reservation is not None:
+                from reasonrl.runtime.ray import RayGroup
+
+                return RayGroup(build_producer, [args], "rollout", timeout_s=r.rollout_timeout_s,
+                                start_timeout_s=r.rollout_timeout_s, concurrent=concurrent,
+                                **self.reservation.options("rollout"))
+            return ProcessGroup(build_producer, args, name="rollout", timeout_s=r.rollout_timeout_s,
+                                start_timeout_s=r.rollout_timeout_s, concurrent=concurrent)
 
         return AsyncSource(
             launch, policy.weights(), n=cfg.rollout.n, pad_id=self.pad_id, want=cfg.train.prompts_per_step,
-            max_staleness=cfg.rollout.max_staleness, lockstep=cfg.rollout.mode == "lockstep",
+            max_staleness=cfg.rollout.max_staleness, lockstep=cfg.rollout.mode in ("lockstep", "sync"),
             timeout_s=r.rollout_timeout_s, max_restarts=r.rollout_restarts, failures=(WorkerDied, WorkerTimeout),
             emit=lambda kind, **fields: self.events.emit(kind, self.step_count, **fields),
         )
@@ -238,8 +267,9 @@ class Controller:
             t["timing_s/gen"] -= got.reward_here_s
             scored, metrics = got.scored, dict(got.metrics)
             self.last_record = got.record
-            if got.errors:
-                self.events.emit("reward_failed", step, samples=len(got.errors), errors=got.errors[:3])
+            if got.errors:  # an episode's errors are its environment's, which was replaced
+                kind = "env_failed" if cfg.env.name else "reward_failed"
+                self.events.emit(kind, step, samples=len(got.errors), errors=got.errors[:3])
             if self.shards is None:
                 self.slow.update("gen", 0, step, metrics["timing_s/rollout_gen"], work=max(len(got.record["drawn"]), 1))
             rollout = scored.rollout
@@ -281,10 +311,13 @@ class Controller:
             with self.stage(t, "publish"):
                 self.publish()
         metrics.update(t)
+        metrics["timing_s/weight_sync"] = self.source.weight_sync_s
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / t["timing_s/step"]
         metrics["perf/max_memory_gb"] = self.peak_memory.peak_gb()
         self.last_samples = self.samples(step, scored)
         metrics.update(reward_extras(scored))
+        if scored.rollout.episodes is not None:
+            metrics.update(AgentLoop.stats(scored.rollout))
         if self.shards is not None:
             metrics.update(self.shards.shares)
         # Time per trained token: skipped rows (train.skip_zero_advantage) cost nothing.
@@ -505,10 +538,18 @@ class Controller:
         return watchdog, watchdog
 
     def close(self) -> None:
-        """Stop the rollout side and the reward processes, release the run directory (closing
-        twice is harmless)."""
+        """Stop the rollout side, the reward and environment processes, release the run
+        directory (closing twice is harmless)."""
         self.source.close()
         self._reward.close()
+        self._evaluation.close()
+        for group in (self.reference, self.critic):
+            if group is not None:
+                group.close()
+        if self.reservation is not None:
+            self.reservation.close()
+            self.cluster.close()
+            self.reservation = self.cluster = None
         self.lock.release()
 
     def effective_time(self, step_s: dict[int, float]) -> dict[str, float]:
@@ -587,6 +628,32 @@ class Controller:
                     "to continue on the new data anyway, add resume.allow_data_change=true; otherwise use a new run.dir")
             self.data_changed = state["data_fingerprint"]
         self.updates_applied = int(state["updates_applied"])
+
+
+def ray_reservation(cfg: Config, model_dir: Path):
+    """(cluster, reservation) for runtime.engine=ray: :func:`~reasonrl.runtime.ray.connect`
+    (join runtime.ray_address, or start a loopback-only local cluster whose object store
+    holds two versions of the weights), then the bundles of runtime.placement for the roles
+    this run starts as actors (the rollout side, which holds its reward and environment
+    processes; reference and critic when used), reserved or a LimitError within seconds. The
+    policy (trainer rank 0) is this process."""
+    from reasonrl.memory import DTYPE_BYTES, ModelShape
+    from reasonrl.runtime.placement import parse_placement
+    from reasonrl.runtime.ray import OBJECT_STORE_BYTES, Reservation, connect
+
+    roles = {"rollout": 1}
+    if cfg.algo.kl_loss_coef > 0:
+        roles["reference"] = 1
+    if cfg.algo.adv_estimator == "gae":
+        roles["critic"] = 1
+    plan = parse_placement(cfg.runtime.placement).plan(roles)
+    weights = ModelShape.from_model_dir(model_dir).parameters() * DTYPE_BYTES[cfg.model.dtype]
+    cluster = connect(cfg.runtime, object_store_bytes=max(OBJECT_STORE_BYTES, 2 * weights + (64 << 20)))
+    try:
+        return cluster, Reservation(plan, timeout_s=30.0)
+    except BaseException:
+        cluster.close()
+        raise
 
 
 def _colocated(cfg: Config) -> Config:

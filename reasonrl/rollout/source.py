@@ -94,6 +94,7 @@ class RolloutProducer:
         )
         self._drawn: list[tuple[int, int]] = []
         self._idle_since = time.time()
+        self._staged: WeightsUpdate | None = None
 
     def _next_prompts(self, k: int) -> list[tuple[Prompt, list[int]]]:
         rows = self.sampler.next(k)
@@ -123,6 +124,20 @@ class RolloutProducer:
         """Thread-safe: the rollout worker takes ``update`` up before its next generation call."""
         self.rollout.offer_weights(update)
 
+    def stage_weights(self, update: WeightsUpdate) -> None:
+        """Thread-safe: keep ``update`` here, for :meth:`load_staged` to load when its turn comes
+        (lockstep: the transfer happens at publish, the load between the collects it sits
+        between)."""
+        self._staged = update
+
+    def load_staged(self, version: int) -> None:
+        """Load the staged weights, which must be ``version``."""
+        staged = self._staged
+        if staged is None or staged.version != version:
+            raise RuntimeError(f"load_staged({version}): the staged weights are version "
+                               f"{None if staged is None else staged.version}")
+        self.rollout.load_weights(staged)
+
     def state_dict(self) -> dict:
         """``sampler``, ``rng`` (the sampling generator), ``draws`` (prompts drawn so far) and the
         workers' states (``rollout``, ``reward``)."""
@@ -137,7 +152,11 @@ class RolloutProducer:
         self.reward.load_state_dict(state["reward"])
 
     def close(self) -> None:
+        """Stop the reward processes and the rollout side's environment processes."""
         self.reward.close()
+        close = getattr(self.rollout, "close", None)
+        if close is not None:
+            close()
 
 
 def _fate(state: SampleState, reason: str) -> str:
@@ -309,6 +328,9 @@ class SyncSource:
         self.producer = producer
         self.want = want
         self.queue = GroupQueue(n, pad_id, max_staleness=0)
+        self.weight_sync_s = 0.0
+        """Seconds the last :meth:`publish` took to hand the weights over (the colocated
+        rollout worker shares the policy's module: no copy)."""
 
     def next_batch(self, version: int) -> SourceBatch:
         collected = self.producer.collect()
@@ -321,7 +343,9 @@ class SyncSource:
         return batch
 
     def publish(self, update: WeightsUpdate) -> None:
+        began = time.perf_counter()
         self.producer.load_weights(update)
+        self.weight_sync_s = time.perf_counter() - began
 
     def leftover(self) -> dict[str, list]:
         return self.queue.leftover()
@@ -340,7 +364,11 @@ class AsyncSource:
     """Collects ahead in a rollout process, within ``max_staleness`` (see the module docstring).
 
     ``launch()`` starts the rollout process: a worker group holding one :class:`RolloutProducer`
-    (``offer_weights`` callable beside a running collect). ``timeout_s`` bounds every wait
+    (``offer_weights`` and ``stage_weights`` callable beside a running collect), in a
+    process of its own or a Ray actor. Each version crosses once, at :meth:`publish`, which
+    waits until the rollout side holds it (``weight_sync_s``): ``async`` offers it for the
+    next generation call, ``lockstep`` stages it and loads it by version number before the
+    collect it belongs to. ``timeout_s`` bounds every wait
     for it; a rollout process that dies or stops answering is killed, started again from
     the state after its last delivered collect, sent the current weights, and its collects
     in flight are submitted again (the same prompts, from the recorded sampler position),
@@ -373,6 +401,8 @@ class AsyncSource:
         self.outstanding: deque[tuple[Future, int, list[Future]]] = deque()  # (collect, version, loads before it)
         self.group = None
         self._sent_version: int | None = None
+        self.weight_sync_s = 0.0
+        """Seconds the last :meth:`publish` took until the rollout side held the weights."""
 
     # ------------------------------------------------------------ the rollout process
     def _start(self) -> None:
@@ -413,7 +443,7 @@ class AsyncSource:
     def _submit(self) -> None:
         loads = []
         if self.lockstep and self._sent_version != self.latest.version:
-            loads = self.group.submit("load_weights", self.latest)
+            loads = self.group.submit("load_staged", self.latest.version)
             self._sent_version = self.latest.version
         [collect] = self.group.submit("collect")
         self.outstanding.append((collect, self.latest.version, loads))
@@ -448,8 +478,14 @@ class AsyncSource:
     def publish(self, update: WeightsUpdate) -> None:
         self.latest = update
         self.training = False
-        if not self.lockstep and self.group is not None:
-            self.group.submit("offer_weights", update)
+        if self.group is not None:
+            began = time.perf_counter()
+            try:
+                [held] = self.group.submit("stage_weights" if self.lockstep else "offer_weights", update)
+                held.result(timeout=self.timeout_s)
+            except self.failures as err:
+                self._restart(err)  # the new process starts from self.latest
+            self.weight_sync_s = time.perf_counter() - began
         self._fill()
 
     def leftover(self) -> dict[str, list]:

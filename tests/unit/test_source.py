@@ -101,7 +101,7 @@ class _Rollout:
 
     def submit(self, method: str, *args):
         future = Future()
-        self.calls.append((method, args[0].version if args else -1))
+        self.calls.append((method, (args[0] if isinstance(args[0], int) else args[0].version) if args else -1))
         if method == "collect":
             self.futures.append(future)
         else:
@@ -129,6 +129,7 @@ def test_admission_keeps_at_most_max_staleness_batches_ahead(lockstep):
     assert batch.metrics["staleness/max"] == 0 and len(rollout.futures) == 3  # training: nothing new admitted
     source.publish(WeightsUpdate(1, {}))
     assert len(rollout.futures) == 4  # one more, with version 1
-    sent = [c for c in rollout.calls if c[0] in ("load_weights", "offer_weights")]
-    # lockstep: the exact version goes in line before the collect; async: offered at once
-    assert sent[-1] == (("load_weights", 1) if lockstep else ("offer_weights", 1))
+    sent = [c for c in rollout.calls if c[0] in ("load_weights", "offer_weights", "stage_weights", "load_staged")]
+    # lockstep: the weights cross at once (staged), and their version is loaded in line
+    # before the collect; async: offered at once
+    assert sent[-2:] == ([("stage_weights", 1), ("load_staged", 1)] if lockstep else [("load_weights", 0), ("offer_weights", 1)])

@@ -1,4 +1,4 @@
-"""Command line: ``reasonrl train | config | sft | eval | demo | export | report | drill``.
+"""Command line: ``reasonrl train | config | sft | eval | demo | export | report | samples | drill | env-check | trace``.
 
     reasonrl train recipes/dapo.yaml train.total_steps=50 run.dir=runs/dapo
     reasonrl train dapo --dry-run                check config, data, reward, model, device, context; print the plan
@@ -10,6 +10,7 @@
     reasonrl report RUN_DIR [RUN_DIR ...]        PNG plots and report.html comparing runs
     reasonrl samples RUN_DIR [--step N] [--wrong|--right]   the prompts, responses and rewards a run kept
     reasonrl drill [--steps N] [key=value ...]   one fault of each kind on the demo: detection, recovery, ETTR
+    reasonrl env-check NAME [--policy scripted] [env.args.k=v ...]   play an environment and check it
 
 Exit codes: 0 done (also a complete run started again); 1 a failure the supervisor could not recover from; 2 bad usage or input, or
 another error that a restart would meet again (one line on stderr, no restart); 128 + N after
@@ -188,6 +189,27 @@ def cmd_drill(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_env_check(args: argparse.Namespace) -> int:
+    """Play an environment with a random or scripted policy and report what it does; exit 1
+    when a check fails (wrong return types, a reset that ignores or misreads its seed, errors,
+    slow calls)."""
+    from reasonrl.env.check import env_check
+
+    if args.list:
+        from reasonrl.env.base import ENVS
+
+        print("\n".join(ENVS))
+        return 0
+    if args.name is None:
+        raise InputError("env-check: expected an environment name (a shipped one: --list; or module:Class)")
+    cfg = load(None, [f"env.name={args.name}", *args.overrides])
+    e = cfg.env
+    report = env_check(e.name, e.args, args.episodes, args.seed, args.policy, e.step_timeout_s,
+                       args.max_turns or e.max_turns, e.tools, e.tool_call_pattern, e.tool_response_format)
+    print(report.describe())
+    return 0 if report.passed else 1
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """A run's policy (the newest checkpoint, or --step N) as a Hugging Face model directory."""
     from reasonrl.checkpoint.export import export_model
@@ -292,6 +314,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default="runs/drill")
     p.add_argument("--steps", type=int, default=80)
     p.set_defaults(fn=cmd_drill)
+    p = sub.add_parser("env-check", help="play an environment with a random or scripted policy; check its "
+                                         "protocol, determinism by seed and timing; print returns and lengths")
+    p.add_argument("name", nargs="?", default=None, help="a shipped environment (grid, tool_arith) or module:Class")
+    p.add_argument("overrides", nargs="*", help="env.* overrides (env.args.size=5, env.step_timeout_s=2, ...)")
+    p.add_argument("--list", action="store_true", help="list the shipped environments")
+    p.add_argument("--episodes", type=int, default=20, help="episodes to play (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="the first reset seed (default 0)")
+    p.add_argument("--policy", choices=("random", "scripted"), default="random",
+                   help="random actions, or the environment's demonstration (default random)")
+    p.add_argument("--max-turns", type=int, default=0, help="turns per episode (default: env.max_turns)")
+    p.set_defaults(fn=cmd_env_check)
     p = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory")
     p.add_argument("run_dir", help="the run directory (run.dir)")
     p.add_argument("out", help="the directory to write (new, empty, or a previous export)")

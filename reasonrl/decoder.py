@@ -38,6 +38,7 @@ path of :mod:`reasonrl.train.logprobs`).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -132,7 +133,9 @@ def residual_mm(x: torch.Tensor, a: torch.Tensor, weight_t: torch.Tensor) -> tor
 
 class KVCache:
     """Per-layer key/value buffers ``[B, Hkv, L, D]``, allocated once per batch; slot ``s``
-    of every row is written at the same decode step."""
+    of every row is written at the same decode step (:meth:`LeanDecoder.decode`), or each
+    row's slots at its own pace (:meth:`LeanDecoder.extend`: ``length`` is then the longest
+    row's)."""
 
     def __init__(
         self, layers: int, batch: int, kv_heads: int, length: int, head_dim: int, dtype, device, zeroed: bool = False
@@ -148,6 +151,20 @@ class KVCache:
         """Keep batch rows ``rows`` (a [K] long tensor, repeats allowed), filled slots copied."""
         self.keys = [self._gather(k, rows) for k in self.keys]
         self.values = [self._gather(v, rows) for v in self.values]
+
+    def take(self, rows: torch.Tensor) -> "KVCache":
+        """A new cache of batch rows ``rows`` (filled slots copied); this one is left as it is."""
+        out = copy.copy(self)
+        out.select(rows)
+        return out
+
+    def put(self, rows: torch.Tensor, other: "KVCache", other_rows: torch.Tensor, start: int) -> None:
+        """Copy slots ``start .. other.length - 1`` of rows ``other_rows`` of ``other`` (a
+        cache of :meth:`take`'s making) back into batch rows ``rows`` of this one."""
+        for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
+            for buffer, part in zip(mine, theirs):
+                buffer[rows, :, start : other.length] = part[other_rows, :, start : other.length]
+        self.length = max(self.length, other.length)
 
     def _gather(self, buffer: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         out = (buffer.new_zeros if self.zeroed else buffer.new_empty)((rows.shape[0], *buffer.shape[1:]))
@@ -189,7 +206,8 @@ class LeanDecoder:
 
     :meth:`response_hidden` scores responses (training, reference and old-policy log-probs,
     critic values), each distinct prompt encoded once; :meth:`prefill` and :meth:`decode`
-    run generation over a :class:`KVCache`. Fused weights are rebuilt by :meth:`fuse` on each
+    run generation over a :class:`KVCache`, :meth:`extend` continues its rows each at its own
+    pace (multi-turn sessions: ragged chunks of tokens, one token a step). Fused weights are rebuilt by :meth:`fuse` on each
     call of :meth:`response_hidden` (cheap, and the gradients flow back to the parameters)
     and once per batch for generation.
     """
@@ -433,3 +451,55 @@ class LeanDecoder:
         if slot is None:
             cache.length = s + 1
         return self.lm_head(x, weights)
+
+    @torch.no_grad()
+    def extend(
+        self,
+        weights: FusedWeights,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        starts: torch.Tensor,
+        lows: torch.Tensor,
+        cache: KVCache,
+        table,
+    ) -> torch.Tensor:
+        """Feed a ragged chunk, each row at its own place in the cache: row ``r``'s first
+        ``lengths[r]`` tokens of ``ids [b, c]`` (right-padded) go into cache slots
+        ``starts[r] ..`` at rotary positions ``starts[r] - lows[r] ..``; return the logits
+        ``[b, V]`` after each row's last token (garbage for a row of length 0, which is fed
+        nothing and whose cache is left as it is). One step of decoding is a chunk of one.
+
+        Row ``r``'s keys are packed: its left-padded prompt's real tokens from slot
+        ``lows[r]``, then every token fed since. Query ``j`` of row ``r`` attends to slots
+        ``lows[r] <= s <= starts[r] + min(j, lengths[r] - 1)``: the prefix, never encoded
+        again, and the chunk causally; a padding query repeats the row's last real one and
+        is never written. Attention reads the slots up to the longest row's, masked past
+        each row's own: the cache must hold finite values there (``new_cache(zeroed=True)``).
+        """
+        b, c = ids.shape
+        device = ids.device
+        step = torch.arange(c, device=device)
+        offset = torch.minimum(step, (lengths - 1)[:, None])  # [b, c]
+        slots = starts[:, None] + offset
+        S = int(slots.max()) + 1
+        keys_at = torch.arange(S, device=device)
+        allowed = ((keys_at >= lows[:, None, None]) & (keys_at <= slots[:, :, None]))[:, None]  # [b, 1, c, S]
+        row, col = (step < lengths[:, None]).nonzero(as_tuple=True)  # the real tokens
+        slot = slots[row, col]
+        cos, sin = table
+        positions = (slots - lows[:, None]).clamp(min=0)
+        cos, sin = cos[positions][:, :, None], sin[positions][:, :, None]  # [b, c, 1, D]
+        x = self.body.embed_tokens(ids)
+        for i, w in enumerate(weights.layers):
+            q, k, v = self._qkv(w, x, cos, sin)  # [b, c, heads, D]
+            cache.keys[i][row, :, slot] = k[row, col]
+            cache.values[i][row, :, slot] = v[row, col]
+            with sdpa_kernel(ATTENTION_BACKENDS):
+                attn = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), cache.keys[i][:, :, :S], cache.values[i][:, :, :S], attn_mask=allowed,
+                    scale=self.scale, enable_gqa=self.heads != self.kv_heads,
+                )
+            x = x + F.linear(attn.transpose(1, 2).flatten(2), w.o_weight, w.o_bias)
+            x = self._mlp(w, x)
+        cache.length = max(cache.length, S)
+        return self.lm_head(x[torch.arange(b, device=device), (lengths - 1).clamp(min=0)], weights)

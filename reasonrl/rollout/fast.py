@@ -18,6 +18,10 @@ prompt group as soon as all its ``n`` samples have ended, and may stop the loop 
 (the unfinished groups are then aborted): the building block of dynamic sampling that
 generates nothing it will throw away (:mod:`reasonrl.rollout.scheduler`).
 
+:meth:`FastGenerator.start` opens a :class:`FastSession` for multi-turn rollouts: turns of
+the policy and environment tokens appended in between, over one cache, the prefix never
+encoded again (:mod:`reasonrl.rollout.agent_loop`).
+
 Threads: ``generate`` never changes torch's thread settings; set them in the caller. On
 CPU, use ``torch.set_num_threads`` = the cores the process has to itself: when other busy
 processes share those cores, fewer threads are faster (spinning threads wait on each other).
@@ -30,10 +34,22 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from reasonrl.decoder import LeanDecoder
+from reasonrl.decoder import KVCache, LeanDecoder
 from reasonrl.errors import InputError
 from reasonrl.rollout.base import copy_weights
-from reasonrl.rollout.hf import assemble, draw_seed, eos_tuple, is_eos, pad_prompts, response_mask
+from reasonrl.rollout.hf import (
+    Session,
+    Turn,
+    assemble,
+    collect_turns,
+    draw_seed,
+    eos_tuple,
+    inference,
+    is_eos,
+    pad_prompts,
+    response_mask,
+    sample,
+)
 from reasonrl.types import RolloutBatch, SamplingParams
 
 # Compact the batch once at most this fraction of its rows is still live.
@@ -78,49 +94,6 @@ class StreamResult:
     aborted: list[int]
     aborted_lengths: list[int]
     stopped: bool
-
-
-def sample(
-    logits: torch.Tensor,
-    params: SamplingParams,
-    generator: torch.Generator | None,
-    uniforms: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Choose one token per row from ``[b, V]`` raw logits; return ``(tokens [b], logprobs [b])``.
-
-    Log-probs are ``log_softmax(logits / temperature)`` of the chosen token (temperature 1
-    for greedy), before truncation. Sampling applies temperature, then top-k, then top-p
-    (the smallest set of most likely tokens whose mass reaches ``top_p``), as
-    ``transformers`` does, and draws by inverting the CDF: token = the first ``i`` with
-    ``cumsum(p)_i > u * sum(p)``, ``u ~ U[0, 1)`` from ``generator`` (one number per row;
-    tokens of zero mass are never chosen), or given as ``uniforms [b, 1]``.
-    """
-    logits = logits.float()
-    if params.temperature <= 0:
-        tokens = logits.argmax(-1)
-        logp = torch.log_softmax(logits, -1)
-        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits if params.temperature == 1.0 else logits / params.temperature
-    logp = torch.log_softmax(scaled, -1)
-    V = logits.shape[-1]
-    if params.top_p < 1.0 or 0 < params.top_k < V:
-        sorted_logits, order = scaled.sort(-1, descending=True)
-        drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
-        if 0 < params.top_k < V:
-            drop[:, params.top_k :] = True
-        if params.top_p < 1.0:
-            probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), -1)
-            drop |= probs.cumsum(-1) - probs >= params.top_p  # the mass before reaches top_p
-            drop[:, 0] = False
-        probs = torch.softmax(scaled.masked_fill(drop.scatter(-1, order, drop), float("-inf")), -1)
-    else:
-        probs = logp.exp()
-    cdf = probs.cumsum(-1)
-    u = uniforms
-    if u is None:
-        u = torch.rand((cdf.shape[0], 1), generator=generator, device=generator.device).to(cdf.device)
-    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=V - 1)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 def capture_graph(fn: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
@@ -410,3 +383,119 @@ class FastGenerator:
             t_now.fill_(t)
             graph.replay()
         return replay
+
+    def start(
+        self, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int] | None = None
+    ) -> "FastSession":
+        """A :class:`FastSession` of ``n`` rows per prompt, at most ``capacity`` tokens after
+        each prompt, turns ending on any of ``eos_ids`` (default: the backend's). Sessions
+        run the eager loop, on CUDA too (no CUDA graph: rows advance at their own pace)."""
+        return FastSession(self, prompts, n, capacity, self.eos_ids if eos_ids is None else eos_ids)
+
+
+class FastSession(Session):
+    """A :class:`~reasonrl.rollout.hf.Session` over one key/value cache: each distinct prompt
+    is encoded once (:meth:`FastGenerator._prefill`), then every token once: a turn feeds one
+    token per live row and step, :meth:`extend` each row's tokens as one ragged chunk
+    (:meth:`~reasonrl.decoder.LeanDecoder.extend`, per-row rotary positions and key mask);
+    the prefix is never encoded again.
+
+    Cache row ``r``: its left-padded prompt in slots ``< P`` (real ones from ``low[r]``),
+    then every token fed since, packed from slot ``P`` (``fill[r]``: slots written), so
+    rows advance at their own pace; ``P + capacity`` slots are allocated at the start and
+    never grown. A turn's last token is fed with the row's next extension or turn
+    (``pending``). A turn works on a copy of its rows' cache (on the session's own when
+    every row takes part), dropping the rows that ended once at most ``COMPACT_AT`` of them
+    is live, and copies the slots it wrote back. Always the eager loop, on CUDA too: a
+    session never captures CUDA graphs (its rows advance at their own pace).
+    """
+
+    def __init__(
+        self, gen: FastGenerator, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int]
+    ) -> None:
+        super().__init__(prompts, n, capacity, eos_ids, gen.pad_id, next(gen.model.parameters()).device)
+        self.model, self.decoder = gen.model, gen.decoder
+        prompt_ids, prompt_mask = pad_prompts(prompts, n, gen.pad_id, self.device)
+        P = prompt_ids.shape[1]
+        with inference(self.model):
+            # static: a zeroed cache (attention reads past a shorter row's end, masked); its key bias is unused
+            prefilled = gen._prefill(prompt_ids, prompt_mask, n, P + capacity, static=True)
+            self.weights, self.cache, self.table, self.logits, _ = prefilled
+        self.low = P - prompt_mask.sum(-1)
+        self.fill = torch.full((self.size,), P, dtype=torch.long, device=self.device)
+        self.pending: list[int | None] = [None] * self.size
+        """Each row's last sampled token, not fed yet (the logits of such a row are stale)."""
+
+    def _work(self, rows: list[int]) -> tuple[torch.Tensor, bool, KVCache]:
+        """``(rows as a tensor, own, cache)``: the session's cache when ``rows`` are all its
+        rows in order (``own``), else a copy of theirs."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        own = rows == list(range(self.size))
+        return index, own, self.cache if own else self.cache.take(index)
+
+    def _extend(self, rows: list[int], token_lists: list[list[int]]) -> None:
+        chunks = [([] if self.pending[r] is None else [self.pending[r]]) + t for r, t in zip(rows, token_lists)]
+        rows, chunks = [r for r, c in zip(rows, chunks) if c], [c for c in chunks if c]
+        if not rows:
+            return
+        index, own, work = self._work(rows)
+        lengths = torch.tensor([len(c) for c in chunks], dtype=torch.long, device=self.device)
+        ids = torch.full((len(rows), int(lengths.max())), self.pad_id, dtype=torch.long)
+        for k, chunk in enumerate(chunks):
+            ids[k, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
+        fill = self.fill[index]
+        with inference(self.model):
+            self.logits[index] = self.decoder.extend(
+                self.weights, ids.to(self.device), lengths, fill, self.low[index], work, self.table
+            )
+        if not own:
+            self.cache.put(index, work, torch.arange(len(rows), device=self.device), int(fill.min()))
+        self.fill[index] = fill + lengths
+        for r in rows:
+            self.pending[r] = None
+
+    def _turn(
+        self, rows: list[int], limits: list[int], params: SamplingParams, generator: torch.Generator
+    ) -> list[Turn]:
+        self._extend(rows, [[] for _ in rows])  # feed the pending tokens
+        device, b, steps = self.device, len(rows), max(limits)
+        index, own, work = self._work(rows)
+        first_fill = self.fill[index]
+        start = int(first_fill.min())
+        limit = torch.tensor(limits, device=device)
+        eos_ids = torch.tensor(self.eos_ids, device=device)
+        tokens = torch.full((b, steps), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((b, steps), device=device)
+        lengths = torch.zeros(b, dtype=torch.long, device=device)
+        eos = torch.zeros(b, dtype=torch.bool, device=device)
+        live = torch.arange(b, device=device)  # the turn row of each row of ``work``
+        alive = torch.ones(b, dtype=torch.bool, device=device)
+        fill, low, logits = first_fill, self.low[index], self.logits[index]
+        with inference(self.model):
+            for t in range(steps):
+                act = alive.nonzero().squeeze(-1)
+                tok, logp = sample(logits[act], params, generator)
+                turn_rows = live[act]
+                tokens[turn_rows, t], logprobs[turn_rows, t], lengths[turn_rows] = tok, logp, t + 1
+                eos[turn_rows] = is_eos(tok, eos_ids)
+                alive[act] = ~eos[turn_rows] & (limit[turn_rows] > t + 1)
+                n_alive = int(alive.sum())
+                if n_alive == 0:
+                    break
+                feed = torch.full((live.shape[0], 1), self.pad_id, dtype=torch.long, device=device)
+                feed[act, 0] = tok
+                if n_alive <= COMPACT_AT * live.shape[0]:
+                    keep, drop = alive.nonzero().squeeze(-1), (~alive).nonzero().squeeze(-1)
+                    if not own:
+                        self.cache.put(index[live[drop]], work, drop, start)
+                    work, own = work.take(keep), False
+                    live, alive, fill, low, feed = live[keep], alive[keep], fill[keep], low[keep], feed[keep]
+                logits = self.decoder.extend(self.weights, feed, alive.long(), fill, low, work, self.table)
+                fill = fill + alive.long()
+        if not own:
+            self.cache.put(index[live], work, torch.arange(live.shape[0], device=device), start)
+        self.fill[index] = first_fill + lengths - 1  # every token but each row's last is fed
+        turns = collect_turns(tokens, logprobs, lengths, eos)
+        for r, turn in zip(rows, turns):
+            self.pending[r] = turn.tokens[-1]
+        return turns

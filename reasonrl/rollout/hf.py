@@ -1,14 +1,20 @@
-"""The reference rollout backend: ``transformers`` ``model.generate``.
+"""The reference rollout backend: ``transformers`` ``model.generate``; for multi-turn
+rollouts, :meth:`HFGenerator.start` opens an :class:`HFSession` (the ``transformers``
+forward over the whole token sequence each turn).
 
 Also holds the helpers every backend shares: :func:`pad_prompts` (repeat and
 left-pad the prompts), :func:`assemble` (turn generated tokens and their raw
-logits into a :class:`~reasonrl.types.RolloutBatch`) and :func:`eos_tuple` / :func:`is_eos`
-(a sample ends on any of the model's EOS ids, :func:`~reasonrl.data.model.load_eos_ids`).
+logits into a :class:`~reasonrl.types.RolloutBatch`), :func:`eos_tuple` / :func:`is_eos`
+(a sample ends on any of the model's EOS ids, :func:`~reasonrl.data.model.load_eos_ids`),
+:func:`sample` (one token per row from logits) and the :class:`Session` protocol of
+multi-turn continuation (token ids in, token ids out).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -101,6 +107,207 @@ def draw_seed(generator: torch.Generator) -> int:
     return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
 
 
+def sample(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    uniforms: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose one token per row from ``[b, V]`` raw logits; return ``(tokens [b], logprobs [b])``.
+
+    Log-probs are ``log_softmax(logits / temperature)`` of the chosen token (temperature 1
+    for greedy), before truncation. Sampling applies temperature, then top-k, then top-p
+    (the smallest set of most likely tokens whose mass reaches ``top_p``), as
+    ``transformers`` does, and draws by inverting the CDF: token = the first ``i`` with
+    ``cumsum(p)_i > u * sum(p)``, ``u ~ U[0, 1)`` from ``generator`` (one number per row;
+    tokens of zero mass are never chosen), or given as ``uniforms [b, 1]``.
+    """
+    logits = logits.float()
+    if params.temperature <= 0:
+        tokens = logits.argmax(-1)
+        logp = torch.log_softmax(logits, -1)
+        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits if params.temperature == 1.0 else logits / params.temperature
+    logp = torch.log_softmax(scaled, -1)
+    V = logits.shape[-1]
+    if params.top_p < 1.0 or 0 < params.top_k < V:
+        sorted_logits, order = scaled.sort(-1, descending=True)
+        drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        if 0 < params.top_k < V:
+            drop[:, params.top_k :] = True
+        if params.top_p < 1.0:
+            probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), -1)
+            drop |= probs.cumsum(-1) - probs >= params.top_p  # the mass before reaches top_p
+            drop[:, 0] = False
+        probs = torch.softmax(scaled.masked_fill(drop.scatter(-1, order, drop), float("-inf")), -1)
+    else:
+        probs = logp.exp()
+    cdf = probs.cumsum(-1)
+    u = uniforms
+    if u is None:
+        u = torch.rand((cdf.shape[0], 1), generator=generator, device=generator.device).to(cdf.device)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=V - 1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class Turn(NamedTuple):
+    """One policy turn of one row of a session (:class:`Session`)."""
+
+    tokens: list[int]
+    """The sampled ids, the EOS included when the turn ended on one."""
+    logprobs: list[float]
+    """Their sampling log-probs (:func:`sample`)."""
+    eos: bool
+    """The turn ended on an EOS id (else on its token limit)."""
+
+
+def collect_turns(tokens: torch.Tensor, logprobs: torch.Tensor, lengths: torch.Tensor, eos: torch.Tensor) -> list[Turn]:
+    """Row ``r``'s :class:`Turn`: its first ``lengths[r]`` of ``tokens [b, S]`` and ``logprobs [b, S]``."""
+    rows = zip(tokens.tolist(), logprobs.tolist(), lengths.tolist(), eos.tolist())
+    return [Turn(t[:k], p[:k], e) for t, p, k, e in rows]
+
+
+@contextmanager
+def inference(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode without gradients (its mode restored after)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+class Session(ABC):
+    """Token sequences continued turn by turn, token ids in and out (multi-turn rollouts).
+
+    Row ``i * n + j`` starts as prompt ``i``. :meth:`generate_turn` samples one turn for
+    some rows (each ends on any of ``eos_ids`` or its own token limit) and appends it to
+    them; :meth:`extend` appends given tokens (an environment's) to some rows. Nothing is
+    ever re-tokenised. A row's trajectory after its prompt (its turns and what it was
+    extended with) holds at most ``capacity`` tokens: a turn limit or an extension past it
+    is a ValueError. A session samples with the weights it started with. Subclasses
+    implement ``_turn`` and ``_extend``.
+    """
+
+    def __init__(self, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int], pad_id: int,
+                 device: torch.device) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity: expected a number of tokens >= 0, got {capacity}")
+        self.size = len(prompts) * n
+        self.capacity = capacity
+        self.eos_ids = eos_tuple(eos_ids)
+        self.pad_id = pad_id
+        self.device = device
+        self.used = [0] * self.size
+        """Tokens of each row's trajectory after its prompt."""
+
+    def generate_turn(
+        self,
+        rows: Sequence[int],
+        params: SamplingParams,
+        generator: torch.Generator,
+        max_new_tokens: int | Sequence[int],
+    ) -> list[Turn]:
+        """Sample one turn for each of ``rows`` (distinct) and append it to the row: at most
+        ``max_new_tokens`` tokens (one limit for all, or one per row; a limit of 0 gives an
+        empty turn), ending at the first EOS id. ``generator`` draws one number per row still
+        sampling, in ``rows`` order, at each step (:func:`sample`): the same draws in every
+        backend, so their tokens agree wherever their logits do. ``params.max_new_tokens``
+        is not read."""
+        limits = [max_new_tokens] * len(rows) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        self._check(rows, limits, "max_new_tokens")
+        turns = [Turn([], [], False)] * len(rows)
+        active = [i for i, limit in enumerate(limits) if limit > 0]
+        if active:
+            sampled = self._turn([rows[i] for i in active], [limits[i] for i in active], params, generator)
+            for i, turn in zip(active, sampled):
+                turns[i] = turn
+                self.used[rows[i]] += len(turn.tokens)
+        return turns
+
+    def extend(self, rows: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None:
+        """Append ``token_lists[k]`` to row ``rows[k]`` (distinct rows)."""
+        if len(token_lists) != len(rows):
+            raise ValueError(f"extend: {len(rows)} rows but {len(token_lists)} token lists")
+        self._check(rows, [len(t) for t in token_lists], "token_lists")
+        self._extend(list(rows), [list(t) for t in token_lists])
+        for r, tokens in zip(rows, token_lists):
+            self.used[r] += len(tokens)
+
+    def _check(self, rows: Sequence[int], added: list[int], name: str) -> None:
+        """ValueError unless ``rows`` are distinct rows of the session, one count each, within capacity."""
+        if len(added) != len(rows) or len(set(rows)) != len(rows) or any(not 0 <= r < self.size for r in rows):
+            raise ValueError(f"rows: expected distinct rows in 0..{self.size - 1}, one {name} each; got {list(rows)}")
+        over = [r for r, k in zip(rows, added) if k < 0 or self.used[r] + k > self.capacity]
+        if over:
+            r = over[0]
+            raise ValueError(f"{name}: row {r} holds {self.used[r]} tokens after its prompt; adding "
+                             f"{added[rows.index(r)]} exceeds the session's capacity of {self.capacity}")
+
+    @abstractmethod
+    def _turn(
+        self, rows: list[int], limits: list[int], params: SamplingParams, generator: torch.Generator
+    ) -> list[Turn]:
+        """Sample a turn of at most ``limits[k] >= 1`` tokens for each of ``rows`` (checked) and append it."""
+
+    @abstractmethod
+    def _extend(self, rows: list[int], token_lists: list[list[int]]) -> None:
+        """Append ``token_lists[k]`` to row ``rows[k]`` (checked)."""
+
+
+class HFSession(Session):
+    """The reference :class:`Session`: each turn runs the ``transformers`` forward over each
+    row's whole token sequence (left-padded, position ids counted from the first real
+    token), then decodes with that forward's key/value cache; sampling is :func:`sample`'s."""
+
+    def __init__(self, model: torch.nn.Module, prompts: list[list[int]], n: int, capacity: int,
+                 eos_ids: Sequence[int], pad_id: int) -> None:
+        super().__init__(prompts, n, capacity, eos_ids, pad_id, next(model.parameters()).device)
+        self.model = model
+        self.sequences = [list(p) for p in prompts for _ in range(n)]
+
+    def _turn(
+        self, rows: list[int], limits: list[int], params: SamplingParams, generator: torch.Generator
+    ) -> list[Turn]:
+        device, b, steps = self.device, len(rows), max(limits)
+        ids, mask = pad_prompts([self.sequences[r] for r in rows], 1, self.pad_id, device)
+        limit = torch.tensor(limits, device=device)
+        eos_ids = torch.tensor(self.eos_ids, device=device)
+        tokens = torch.full((b, steps), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((b, steps), device=device)
+        lengths = torch.zeros(b, dtype=torch.long, device=device)
+        eos = torch.zeros(b, dtype=torch.bool, device=device)
+        alive = torch.ones(b, dtype=torch.bool, device=device)
+        with inference(self.model):
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                             use_cache=True)
+            position = mask.sum(-1)
+            for t in range(steps):
+                act = alive.nonzero().squeeze(-1)
+                tok, logp = sample(out.logits[act, -1], params, generator)
+                tokens[act, t], logprobs[act, t], lengths[act] = tok, logp, t + 1
+                eos[act] = is_eos(tok, eos_ids)
+                alive[act] = ~eos[act] & (limit[act] > t + 1)
+                if not alive.any():
+                    break
+                feed = torch.full((b,), self.pad_id, dtype=torch.long, device=device)
+                feed[act] = tok
+                mask = torch.cat([mask, alive.long()[:, None]], 1)  # an ended row's feed is masked out
+                out = self.model(input_ids=feed[:, None], attention_mask=mask, position_ids=position[:, None],
+                                 past_key_values=out.past_key_values, use_cache=True)
+                position = position + alive.long()
+        turns = collect_turns(tokens, logprobs, lengths, eos)
+        for r, turn in zip(rows, turns):
+            self.sequences[r] += turn.tokens
+        return turns
+
+    def _extend(self, rows: list[int], token_lists: list[list[int]]) -> None:
+        for r, tokens in zip(rows, token_lists):
+            self.sequences[r] += tokens
+
+
 class HFGenerator:
     """Rollouts with ``model.generate`` (any ``transformers`` causal LM, CPU or GPU).
 
@@ -171,3 +378,8 @@ class HFGenerator:
         logits = torch.stack(out.logits, dim=1).float() / temperature
         logprobs = torch.log_softmax(logits, -1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
         return assemble(prompt_ids, prompt_mask, response_ids, logprobs, n, self.pad_id, self.eos_ids)
+
+    def start(self, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int] | None = None) -> HFSession:
+        """A :class:`HFSession` of ``n`` rows per prompt, at most ``capacity`` tokens after
+        each prompt, turns ending on any of ``eos_ids`` (default: the backend's)."""
+        return HFSession(self.model, prompts, n, capacity, self.eos_ids if eos_ids is None else eos_ids, self.pad_id)

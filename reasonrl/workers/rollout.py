@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -10,11 +11,13 @@ import torch
 
 from reasonrl.config import Config
 from reasonrl.data.model import load_eos_ids, load_model, load_tokenizer
+from reasonrl.env.pool import EnvPool
 from reasonrl.precision import compute_context
+from reasonrl.rollout.agent_loop import AgentLoop
 from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.rollout.partial import PartialRollouts
-from reasonrl.types import RolloutBatch, SamplingParams, WeightsUpdate
+from reasonrl.types import Prompt, RolloutBatch, SamplingParams, WeightsUpdate
 
 
 def build_backend(cfg: Config, model_dir: Path, module: torch.nn.Module | None, pad_id: int, eos_ids: Sequence[int]):
@@ -32,6 +35,16 @@ def build_backend(cfg: Config, model_dir: Path, module: torch.nn.Module | None, 
         model_dir, cfg.run.device, pad_id, eos_ids, "bfloat16" if cfg.train.precision == "bf16-mixed" else cfg.model.dtype,
         r.vllm_gpu_memory_utilization, r.vllm_max_model_len, cfg.run.seed,
     )
+
+
+def episode_slots(cfg: Config) -> int:
+    """Episodes a rollout worker runs at once (environment slots): the rows of the largest
+    generation call, a training batch (``gen_prompts_per_step``, or ``prompts_per_step``
+    times algo.oversample with dynamic sampling, x rollout.n) or a validation chunk
+    (eval.batch_prompts x eval.k)."""
+    t, a = cfg.train, cfg.algo
+    prompts = t.gen_prompts_per_step or math.ceil(t.prompts_per_step * (a.oversample if a.dynamic_sampling else 1.0))
+    return max(prompts * cfg.rollout.n, cfg.eval.batch_prompts * cfg.eval.k)
 
 
 def trainer_numerics(cfg: Config) -> bool:
@@ -71,6 +84,11 @@ class RolloutWorker:
         if self.partial:  # it tags each token with its version itself
             self.backend = PartialRollouts(self.backend, self._has_offer, self._load_offered, lambda: self.version)
         self.pad_id = tokenizer.pad_token_id
+        self.episodic = bool(cfg.env.name)
+        """Whether each rollout is a multi-turn episode (``env.name``): :meth:`generate` then
+        takes the prompts themselves (``states``), whose ``extra["seed"]`` resets the environments."""
+        self.agent = AgentLoop(self.backend, EnvPool.from_config(cfg.env, episode_slots(cfg)), tokenizer, cfg.env,
+                               self.eos_ids, self.pad_id) if self.episodic else None
         self.precision = cfg.train.precision
         self.device = cfg.run.device
         self.version = 0
@@ -79,8 +97,9 @@ class RolloutWorker:
 
     @property
     def streams(self) -> bool:
-        """Whether the backend can report groups as they complete (:meth:`generate_stream`)."""
-        return self.backend.streams
+        """Whether the backend can report groups as they complete (:meth:`generate_stream`);
+        never for episodes."""
+        return self.backend.streams and not self.episodic
 
     def load_weights(self, update: WeightsUpdate) -> None:
         """Sample with ``update`` from now on."""
@@ -108,11 +127,18 @@ class RolloutWorker:
             batch.versions = batch.response_mask.long() * self.version
         return batch
 
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator) -> RolloutBatch:
-        """``n`` samples per prompt (see :class:`~reasonrl.rollout.base.Generator`), versions tagged."""
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator,
+                 states: list[Prompt] | None = None) -> RolloutBatch:
+        """``n`` samples per prompt (see :class:`~reasonrl.rollout.base.Generator`), versions
+        tagged; episodes (:class:`~reasonrl.rollout.agent_loop.AgentLoop`) from the initial
+        states ``states`` when :attr:`episodic`."""
         self._load_offered()
         with compute_context(self.precision, self.device):
-            return self._stamp(self.backend.generate(prompts, n, params, generator))
+            if self.agent is None:
+                return self._stamp(self.backend.generate(prompts, n, params, generator))
+            if states is None:
+                raise ValueError("RolloutWorker.generate: multi-turn episodes (env.name) need the prompts' states")
+            return self._stamp(self.agent.generate(prompts, n, params, generator, [int(s.extra["seed"]) for s in states]))
 
     def generate_stream(
         self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator, on_groups_done: GroupsDone
@@ -131,3 +157,8 @@ class RolloutWorker:
 
     def load_state_dict(self, state: dict) -> None:
         self.version = int(state["version"])
+
+    def close(self) -> None:
+        """Stop the environment processes (multi-turn episodes); closing twice is harmless."""
+        if self.agent is not None:
+            self.agent.pool.close()

@@ -673,9 +673,7 @@ def batch_metrics(batch: TrainBatch) -> dict[str, float]:
         "critic/score/mean": s.scores.mean().item(),
         "critic/score/max": s.scores.max().item(),
         "critic/score/min": s.scores.min().item(),
-        "critic/advantages/mean": batch.advantages[valid].mean().item(),
-        "critic/advantages/max": batch.advantages[valid].max().item(),
-        "critic/advantages/min": batch.advantages[valid].min().item(),
+        **_spread("critic/advantages", batch.advantages[valid]),
         "response_length/mean": lengths.mean().item(),
         "response_length/median": lengths.median().item(),
         "response_length/max": lengths.max().item(),
@@ -685,9 +683,17 @@ def batch_metrics(batch: TrainBatch) -> dict[str, float]:
         "perf/total_num_tokens": int(r.prompt_mask.sum().item() + r.response_mask.sum().item()),
     }
     if batch.returns is not None:
-        out["critic/returns/mean"] = batch.returns[valid].mean().item()
-        out["critic/values/mean"] = batch.values[valid].mean().item()
+        out["critic/returns/mean"] = _spread("", batch.returns[valid])["/mean"]
+        out["critic/values/mean"] = _spread("", batch.values[valid])["/mean"]
     return out
+
+
+def _spread(name: str, values: torch.Tensor) -> dict[str, float]:
+    """``name/mean``, ``/max`` and ``/min`` of ``values``; 0 for none (a batch whose every
+    episode failed has no policy token)."""
+    if values.numel() == 0:
+        return {f"{name}/{k}": 0.0 for k in ("mean", "max", "min")}
+    return {f"{name}/mean": values.mean().item(), f"{name}/max": values.max().item(), f"{name}/min": values.min().item()}
 
 
 def spread_rows(group_ids: list[int], limit: int) -> list[int]:

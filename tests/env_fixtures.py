@@ -132,3 +132,21 @@ def __getattr__(name):
 
     globals()["TextGym"] = TextGym
     return TextGym
+
+
+class FlakyBySeed:
+    """A reasonrl Env whose episodes of some seeds break: seed % 5 == 1 hangs at its first
+    step, seed % 5 == 2 raises there; any other episode ends at its first step with reward 1
+    when the action starts with a digit, else 0."""
+
+    def reset(self, seed):
+        self.seed = seed
+        return f"{seed % 10}?", {}
+
+    def step(self, action):
+        if self.seed % 5 == 1:
+            time.sleep(60)
+        if self.seed % 5 == 2:
+            raise RuntimeError(f"broken board {self.seed}")
+        won = action[:1].isdigit()
+        return "done", float(won), True, False, {"success": won}

@@ -4,10 +4,8 @@ actor and its restart, placement, weight broadcast, and a cluster listening on l
 from __future__ import annotations
 
 import importlib.util
-import ipaddress
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +23,7 @@ from reasonrl.runtime import WorkerDied, WorkerTimeout, gather
 from reasonrl.runtime import ray as rayrt
 from reasonrl.runtime.placement import check_fits, parse_placement
 from reasonrl.types import WeightsUpdate
-from tests.ray_fixtures import Receiver, Refused
+from tests.ray_fixtures import Receiver, Refused, is_loopback, listening_sockets, process_tree
 from tests.worker_fixtures import Counter, broken
 
 pytestmark = pytest.mark.timeout(120)
@@ -200,70 +198,14 @@ def test_broadcast_puts_an_update_once_and_every_worker_gets_it(cluster, monkeyp
         group.close()
 
 
-def _listening_sockets(pids: list[int]) -> list[tuple[int, str, str, int]]:
-    """(pid, protocol, address, port) of every listening TCP socket and bound UDP socket of ``pids``."""
-    by_inode = {}
-    for proto in ("tcp", "tcp6", "udp", "udp6"):
-        with open(f"/proc/net/{proto}") as f:
-            next(f)
-            for line in f:
-                fields = line.split()
-                local, state, inode = fields[1], fields[3], int(fields[9])
-                if state == ("0A" if proto.startswith("tcp") else "07"):  # LISTEN; UDP: bound, unconnected
-                    hexip, hexport = local.split(":")
-                    raw = bytes.fromhex(hexip)
-                    if len(raw) == 4:
-                        ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
-                    else:
-                        ip = socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
-                    by_inode[inode] = (proto, ip, int(hexport, 16))
-    found = []
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:[") and int(link[8:-1]) in by_inode:
-                found.append((pid, *by_inode[int(link[8:-1])]))
-    return found
-
-
-def _process_tree(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo += children.get(pid, [])
-    return tree
-
-
-def _is_loopback(ip: str) -> bool:
-    addr = ipaddress.ip_address(ip)
-    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
 def test_a_started_cluster_listens_on_loopback_only(cluster, counters):
     if not cluster.started:
         pytest.skip("joined an existing cluster (RAY_ADDRESS): its sockets are its own")
-    tree = _process_tree(os.getpid())  # the driver, GCS, raylet, agents and every worker descend from it
+    tree = process_tree(os.getpid())  # the driver, GCS, raylet, agents and every worker descend from it
     assert set(counters.pids) <= set(tree)
-    sockets = _listening_sockets(tree)
+    sockets = listening_sockets(tree)
     assert len(sockets) >= 5, sockets  # GCS, raylet (2), runtime-env agent, driver, actors
     assert {pid for pid, *_ in sockets} >= set(counters.pids)
-    exposed = [s for s in sockets if not _is_loopback(s[2])]
+    exposed = [s for s in sockets if not is_loopback(s[2])]
     assert not exposed, f"listening beyond loopback: {exposed}"

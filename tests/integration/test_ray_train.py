@@ -1,0 +1,91 @@
+"""Training with runtime.engine=ray on a local cluster: a seeded synchronous run ends with the
+local run's weights, the cluster listens on loopback only while it trains, a killed rollout
+actor is replaced with no prompt lost or used twice, and the DAPO recipe learns as it does
+locally.
+
+The Ray runs are ``reasonrl train`` processes of their own: the process that starts a local
+cluster must import ray itself, after setting its loopback-only switch."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from reasonrl.config import load
+from reasonrl.controller import Controller
+from reasonrl.metrics import read_jsonl
+from tests.conftest import tiny_run
+from tests.integration.test_async import _assert_every_prompt_used_once, _rollout_pid, _wait_for, values
+from tests.ray_fixtures import is_loopback, listening_sockets, process_tree
+
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("ray is not installed (pip install 'reasonrl[ray]')", allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _train(recipe: str, overrides: list[str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "reasonrl.cli", "train", recipe, "--no-supervisor", *overrides]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+
+
+def test_a_seeded_synchronous_ray_run_ends_with_the_local_runs_weights(model_dir, tmp_path):
+    common = ["run.threads=1", "rollout.threads=1", "algo.kl_loss_coef=0.01"]  # a reference actor too
+    Controller(load("recipes/grpo.yaml", [*tiny_run(model_dir, tmp_path / "local", 4), *common])).run()
+    _finish(_train("grpo", [*tiny_run(model_dir, tmp_path / "ray", 4), *common, "runtime.engine=ray"]))
+    local, ray = (load_file(tmp_path / d / "final" / "model.safetensors") for d in ("local", "ray"))
+    assert local.keys() == ray.keys()
+    for name in local:
+        assert (local[name] - ray[name]).abs().max() <= 1e-6, name
+    rows = {d: read_jsonl(tmp_path / d / "metrics.jsonl") for d in ("local", "ray")}
+    assert [values(r) for r in rows["local"]] == [values(r) for r in rows["ray"]]
+    assert all(r["timing_s/weight_sync"] > 0 for r in rows["ray"])  # each version crossed to the actor
+    events = [e["kind"] for e in read_jsonl(tmp_path / "ray" / "events.jsonl")]
+    assert "rollout_started" in events and "rollout_died" not in events
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
+def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout_actor_loses_no_prompt(model_dir, tmp_path):
+    proc = _train("grpo", [*tiny_run(model_dir, tmp_path, 12), "run.threads=1", "rollout.threads=1",
+                           "runtime.engine=ray", "algo.dynamic_sampling=true", "algo.max_gen_batches=20"])
+    try:
+        actor = _rollout_pid(tmp_path, after_steps=3)
+        sockets = listening_sockets(process_tree(proc.pid))  # the trainer, GCS, raylet, agents, actors
+        assert len(sockets) >= 5, sockets
+        assert actor in {pid for pid, *_ in sockets}
+        exposed = [s for s in sockets if not is_loopback(s[2])]
+        assert not exposed, f"listening beyond loopback: {exposed}"
+        os.kill(actor, signal.SIGKILL)  # mid-run: its collect in flight is lost with it
+        _wait_for(lambda: any(e["kind"] == "rollout_restarted" for e in read_jsonl(tmp_path / "events.jsonl")), 120,
+                  "the rollout actor's restart")
+        _finish(proc)
+    finally:
+        proc.kill()
+    events = read_jsonl(tmp_path / "events.jsonl")
+    assert [(e["kind"], e["pid"]) for e in events if e["kind"] in ("rollout_died", "rollout_timeout")] == [("rollout_died", actor)]
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 13))
+    _assert_every_prompt_used_once(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_dapo_recipe_on_ray_raises_heldout_accuracy_as_it_does_locally(tmp_path):
+    steps = 20  # as tests/e2e/test_recipes.py asks of the local run: +5 points after 20 steps
+    _finish(_train("dapo", [f"run.dir={tmp_path}", f"train.total_steps={steps}", f"eval.every_steps={steps}",
+                            "eval.n_prompts=256", "eval.greedy=false", "run.progress=false", "runtime.engine=ray"]), 600)
+    val = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "val/acc" in r]
+    assert [r["step"] for r in val] == [0, steps]
+    assert val[-1]["val/acc"] >= val[0]["val/acc"] + 0.05, f"{val[0]['val/acc']:.3f} -> {val[-1]['val/acc']:.3f}"

@@ -8,6 +8,7 @@ first response token of every row sits at column P of ``prompt_ids ++ response_i
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,28 +255,31 @@ class WeightsUpdate:
     tensors:  parameter name -> tensor (in the trainer's process: the live parameters,
               detached; never modify them)
 
-    Pickled (to another process) as one flat buffer per dtype plus the names and shapes,
-    so a version crosses a process boundary as a single transfer, never one per parameter.
+    Pickled (to another process) as one object: the names, dtypes and shapes, and each
+    parameter's bytes as a NumPy array (16-bit floats as their bit patterns), which pickle
+    protocol 5 hands over as out-of-band buffers: a version crosses a process boundary as a
+    single transfer, never one call per parameter, and its bytes are copied once, into the
+    pipe (:mod:`reasonrl.runtime.process`) or into Ray's object store, whose readers map
+    them without a copy. The receiver's tensors may be read-only views of those bytes (never
+    modify them either).
     """
 
     version: int
     tensors: dict[str, torch.Tensor]
 
     def __getstate__(self) -> dict[str, Any]:
-        layout, buckets = [], {}
-        for dtype in dict.fromkeys(t.dtype for t in self.tensors.values()):
-            names = [k for k, t in self.tensors.items() if t.dtype == dtype]
-            flat = [self.tensors[k].detach().reshape(-1).to("cpu") for k in names]
-            buckets[str(dtype)] = torch.cat(flat) if flat else torch.empty(0, dtype=dtype)
-            layout += [(k, str(dtype), tuple(self.tensors[k].shape)) for k in names]
-        return {"version": self.version, "layout": layout, "buckets": buckets}
+        layout, arrays = [], []
+        for name, t in self.tensors.items():
+            flat = t.detach().to("cpu").contiguous().reshape(-1)
+            arrays.append((flat.view(torch.int16) if flat.is_floating_point() and flat.element_size() == 2 else flat).numpy())
+            layout.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
+        return {"version": self.version, "layout": layout, "arrays": arrays}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        offsets = dict.fromkeys(state["buckets"], 0)
         tensors = {}
-        for name, dtype, shape in state["layout"]:
-            count = math.prod(shape)
-            start = offsets[dtype]
-            tensors[name] = state["buckets"][dtype][start : start + count].view(shape)
-            offsets[dtype] = start + count
+        for (name, dtype, shape), array in zip(state["layout"], state["arrays"], strict=True):
+            with warnings.catch_warnings():  # read-only bytes (the pipe's, the object store's): never written to
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                flat = torch.from_numpy(array)
+            tensors[name] = flat.view(getattr(torch, dtype)).view(shape)
         self.version, self.tensors = state["version"], tensors

@@ -39,3 +39,10 @@ class Counter:
 
 def broken(*args):
     raise RuntimeError("cannot build this worker")
+
+
+class Echo:
+    """Returns what it is sent."""
+
+    def echo(self, value):
+        return value

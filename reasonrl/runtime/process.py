@@ -44,9 +44,23 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 def _send(conn, lock: threading.Lock, message: Any) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    """One message: its pickle (protocol 5) with the count of its out-of-band buffers (the
+    raw bytes of NumPy arrays, such as a WeightsUpdate's), then each buffer as it lies in
+    memory, never copied into the pickle."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
     with lock:
-        conn.send_bytes(data)
+        conn.send_bytes(len(buffers).to_bytes(4, "little") + data)
+        for buffer in buffers:
+            conn.send_bytes(buffer.raw())
+
+
+def _receive(conn) -> Any:
+    """A message :func:`_send` sent (arrays over its buffers are read-only)."""
+    head = conn.recv_bytes()
+    count = int.from_bytes(head[:4], "little")
+    buffers = [conn.recv_bytes() for _ in range(count)]
+    return pickle.loads(head[4:], buffers=buffers)
 
 
 def _portable(err: BaseException) -> BaseException:
@@ -84,7 +98,7 @@ def _child_main(conn, factory: Callable[..., Any], args: tuple, concurrent: froz
     def read() -> None:
         while True:
             try:
-                message = pickle.loads(conn.recv_bytes())
+                message = _receive(conn)
             except (EOFError, OSError):
                 os._exit(1)  # the parent is gone: nobody is waiting for results
             if message == _CLOSE:
@@ -124,7 +138,7 @@ class _Child:
             self.kill()
             raise WorkerTimeout(f"{self.name}: the worker process did not start within {timeout_s} s")
         try:
-            kind, value = pickle.loads(self.conn.recv_bytes())
+            kind, value = _receive(self.conn)
         except (EOFError, OSError):
             self.proc.join(timeout=5)
             raise WorkerDied(f"{self.name}: the worker process exited while starting (exit code {self.proc.exitcode})") from None
@@ -136,7 +150,7 @@ class _Child:
     def _read(self) -> None:
         while True:
             try:
-                kind, call_id, value = pickle.loads(self.conn.recv_bytes())
+                kind, call_id, value = _receive(self.conn)
             except (EOFError, OSError):
                 break
             with self.state:

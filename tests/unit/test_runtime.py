@@ -14,7 +14,7 @@ import torch
 
 from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout, gather
 from reasonrl.types import WeightsUpdate
-from tests.worker_fixtures import Counter, broken
+from tests.worker_fixtures import Counter, Echo, broken
 
 
 def test_local_group_calls_every_worker_and_delivers_errors_through_futures():
@@ -81,14 +81,25 @@ def test_a_worker_that_cannot_be_built_raises_its_error():
         ProcessGroup(broken, name="broken")
 
 
-def test_weights_cross_a_process_as_one_flat_buffer_per_dtype():
+def test_weights_cross_a_process_as_one_object_with_each_parameter_as_an_out_of_band_buffer():
     tensors = {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(4, dtype=torch.bfloat16), "c": torch.tensor([7.0])}
     update = WeightsUpdate(3, tensors)
-    state = update.__getstate__()
-    assert sorted(state["buckets"]) == ["torch.bfloat16", "torch.float32"] and state["buckets"]["torch.float32"].numel() == 7
-    back = pickle.loads(pickle.dumps(update))
-    assert back.version == 3 and all(torch.equal(back.tensors[k], tensors[k]) for k in tensors)
-    assert back.tensors["b"].dtype == torch.bfloat16 and back.tensors["a"].shape == (2, 3)
+    buffers = []
+    data = pickle.dumps(update, protocol=5, buffer_callback=buffers.append)
+    assert [b.raw().nbytes for b in buffers] == [24, 8, 4] and len(data) < 1000  # the bytes travel beside the pickle
+    for back in (pickle.loads(data, buffers=buffers), pickle.loads(pickle.dumps(update))):
+        assert back.version == 3 and all(torch.equal(back.tensors[k], tensors[k]) for k in tensors)
+        assert back.tensors["b"].dtype == torch.bfloat16 and back.tensors["a"].shape == (2, 3)
+
+
+def test_a_process_group_returns_what_it_was_sent_with_its_buffers():
+    group = ProcessGroup(Echo, name="echo", timeout_s=30)
+    try:
+        update = WeightsUpdate(5, {"w": torch.randn(300, 7), "h": torch.randn(9).bfloat16()})
+        [back] = group.call("echo", update)
+        assert back.version == 5 and all(torch.equal(back.tensors[k], update.tensors[k]) for k in update.tensors)
+    finally:
+        group.close()
 
 
 CHILD_OF_KILLED_PARENT = """

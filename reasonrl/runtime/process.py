@@ -28,6 +28,7 @@ import os
 import pickle
 import queue
 import signal
+import socket
 import threading
 import traceback
 from concurrent.futures import Future
@@ -44,23 +45,40 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 def _send(conn, lock: threading.Lock, message: Any) -> None:
-    """One message: its pickle (protocol 5) with the count of its out-of-band buffers (the
-    raw bytes of NumPy arrays, such as a WeightsUpdate's), then each buffer as it lies in
-    memory, never copied into the pickle."""
+    """One message: its pickle (protocol 5) and the sizes of its out-of-band buffers (the raw
+    bytes of NumPy arrays, such as a WeightsUpdate's), then each buffer written to the socket
+    straight from where it lies, never copied into the pickle."""
     buffers: list[pickle.PickleBuffer] = []
     data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    views = [b.raw() for b in buffers]
+    sizes = b"".join(v.nbytes.to_bytes(8, "little") for v in views)
     with lock:
-        conn.send_bytes(len(buffers).to_bytes(4, "little") + data)
-        for buffer in buffers:
-            conn.send_bytes(buffer.raw())
+        conn.send_bytes(len(views).to_bytes(4, "little") + sizes + data)
+        if views:
+            with socket.socket(fileno=os.dup(conn.fileno())) as raw:
+                for view in views:
+                    raw.sendall(view)
 
 
 def _receive(conn) -> Any:
-    """A message :func:`_send` sent (arrays over its buffers are read-only)."""
+    """A message :func:`_send` sent: each buffer read from the socket into one bytearray of its
+    size (a pipe read at a time into a fresh object would cost an allocation per read)."""
     head = conn.recv_bytes()
     count = int.from_bytes(head[:4], "little")
-    buffers = [conn.recv_bytes() for _ in range(count)]
-    return pickle.loads(head[4:], buffers=buffers)
+    sizes = [int.from_bytes(head[4 + 8 * i : 12 + 8 * i], "little") for i in range(count)]
+    buffers = []
+    if count:
+        with socket.socket(fileno=os.dup(conn.fileno())) as raw:
+            for size in sizes:
+                buffer = bytearray(size)
+                view, got = memoryview(buffer), 0
+                while got < size:
+                    n = raw.recv_into(view[got:])
+                    if n == 0:
+                        raise EOFError("the other end closed the pipe in the middle of a message")
+                    got += n
+                buffers.append(buffer)
+    return pickle.loads(head[4 + 8 * count :], buffers=buffers)
 
 
 def _portable(err: BaseException) -> BaseException:

@@ -2,6 +2,7 @@
 
     plan = parse_faults(["crash@5", "slow@8:factor=3:worker=1", "nan@12"]).bind(run_dir)
     plan.fire("crash", step, stage="update")        # at the start of each stage
+    time.sleep((plan.rank_factor(rank, step) - 1) * compute_s)  # before a rank's gradient all-reduce
     if plan.poison_loss(step): ...                  # this step's update gets a NaN loss
     time.sleep((plan.slow_factor("gen", worker, step) - 1) * gen_seconds)
 
@@ -23,6 +24,12 @@ Kinds and keys (defaults in brackets):
                                     disk full (ENOSPC while torch.save writes state.pt)
     reward_timeout  count [1]       the reward of the first ``count`` samples sleeps past its timeout
     reward_error    count [1]       the reward of the first ``count`` samples raises
+    slow_rank       rank [1], factor [3], steps [8]
+                                    that trainer rank's update computes ``factor`` times longer
+                                    for ``steps`` steps from ``step`` on (it sleeps for the
+                                    difference before its gradient all-reduce)
+    hang_rank       rank [1]        that trainer rank sleeps forever before its first collective
+                                    of that step's update (the others wait in it; the call times out)
 
 A fault fires once per run: it is recorded in ``run_dir/faults_fired.json`` (atomic write)
 before it acts, so a process restarted from a checkpoint does not fire it again.
@@ -52,6 +59,7 @@ _KEYS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] = {
     "worker": (int, lambda v: v >= 0, "an integer >= 0"),
     "steps": (int, lambda v: v >= 1, "an integer >= 1"),
     "count": (int, lambda v: v >= 1, "an integer >= 1"),
+    "rank": (int, lambda v: v >= 0, "a trainer rank, an integer >= 0"),
 }
 
 
@@ -75,6 +83,8 @@ KINDS: dict[str, dict[str, Any]] = {
     "disk_full": {"count": 1},
     "reward_timeout": {"count": 1},
     "reward_error": {"count": 1},
+    "slow_rank": {"rank": 1, "factor": 3.0, "steps": 8},
+    "hang_rank": {"rank": 1},
 }
 
 _ACTIONS = ("crash", "sigkill", "hang")
@@ -241,6 +251,31 @@ class FaultPlan:
             if f.spec in self._slowing:
                 factor *= f.get("factor")
         return factor
+
+    def rank_factor(self, rank: int, step: int) -> float:
+        """How many times longer trainer rank ``rank``'s update computes at ``step``: 1.0
+        normally; a slow_rank fault's ``factor`` in its window ``[step, step + steps)`` (fired at
+        the first call in it, then applied to that window in this process, as :meth:`slow_factor`)."""
+        factor = 1.0
+        for f in self.faults:
+            if f.kind != "slow_rank" or f.get("rank") != rank or not f.step <= step < f.step + f.get("steps"):
+                continue
+            if f.spec not in self.fired:
+                self.mark(f, rank=rank)
+                self._slowing.add(f.spec)
+            if f.spec in self._slowing:
+                factor *= f.get("factor")
+        return factor
+
+    def stall_rank(self, rank: int, step: int) -> None:
+        """Perform a hang_rank fault due for trainer rank ``rank`` at ``step``: sleep forever
+        (the caller is about to enter a collective, which the other ranks then wait in); a
+        no-op when none is due."""
+        fault = next((f for f in self.faults if f.kind == "hang_rank" and f.step == step and f.get("rank") == rank
+                      and f.spec not in self.fired), None)
+        if fault is not None:
+            self.mark(fault, rank=rank)
+            _hang_forever()
 
     def poison_loss(self, step: int) -> bool:
         """True once when a nan fault is due at ``step`` (the caller makes the loss NaN)."""

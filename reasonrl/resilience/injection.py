@@ -7,8 +7,11 @@ for real. Production code never sees a fault; the controller wraps what the plan
     rollout = FaultyRollout(rollout_worker, plan, w, clock)  slow: worker w's generation drags
     reward = FaultyRewards(reward_worker, plan, clock)    reward_timeout, reward_error
     writer = checkpoint_writer(root, keep, plan)          ckpt_kill: SIGKILL mid-write; disk_full: ENOSPC
+    rank = FaultyRank(trainer_rank, plan)                 slow_rank, hang_rank (and nan on rank 0), in
+                                                          the rank's own process
 
-``clock()`` returns the training step being run (1-based).
+``clock()`` returns the training step being run (1-based); a trainer rank is told its step
+by each call (``update(batch, lr, step=...)``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from reasonrl.errors import InputError
 from reasonrl.resilience.faults import FaultPlan
 from reasonrl.reward.base import Grades
 from reasonrl.reward.pool import RewardPool
+from reasonrl.train.distributed import Recorder
 
 Clock = Callable[[], int]
 
@@ -66,6 +70,60 @@ class FaultyPolicy(_Wrapper):
         if self.plan.poison_loss(self.clock()):
             batch = replace(batch, advantages=batch.advantages * math.nan)
         return self.inner.update(batch, lr)
+
+
+class _FaultyRecorder(Recorder):
+    """Trainer rank ``rank``'s collective recorder, with the rank's faults acting just before it
+    enters a collective of an update: hang_rank never enters the first one of its step, and
+    slow_rank sleeps ``(factor - 1)`` times the compute since the rank's last collective (or
+    the call's start) before the gradient all-reduce."""
+
+    def __init__(self, inner: Recorder, plan: FaultPlan, rank: int) -> None:
+        self.inner, self.plan, self.rank = inner, plan, rank
+        self.step, self.call = 0, ""
+        self.since = time.perf_counter()
+
+    def begin(self, step: int, call: str) -> None:
+        self.step, self.call = step, call
+        self.since = time.perf_counter()
+        self.inner.begin(step, call)
+
+    def enter(self, seq: int, op: str, what: str, nbytes: int) -> None:
+        if self.call == "update":
+            self.plan.stall_rank(self.rank, self.step)
+            if what == "grads":
+                factor = self.plan.rank_factor(self.rank, self.step)
+                if factor > 1:
+                    time.sleep((factor - 1) * (time.perf_counter() - self.since))
+        self.inner.enter(seq, op, what, nbytes)
+
+    def exit(self, seq: int, error: str | None = None) -> None:
+        self.since = time.perf_counter()
+        self.inner.exit(seq, error)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FaultyRank(_Wrapper):
+    """A :class:`~reasonrl.workers.trainer_rank.TrainerRank` in its own process, with the
+    plan's faults for it: slow_rank and hang_rank of its rank act before its collectives
+    (its recorder is wrapped once it joined the group), and rank 0's update at a nan fault's
+    step runs on NaN advantages (the all-reduce spreads the NaN gradients to every rank, as
+    a blow-up on one rank would)."""
+
+    def __init__(self, inner: Any, plan: FaultPlan) -> None:
+        super().__init__(inner, plan, lambda: inner.version + 1)
+
+    def connect(self, *args, **kwargs) -> int:
+        pid = self.inner.connect(*args, **kwargs)
+        self.inner.dp.recorder = _FaultyRecorder(self.inner.dp.recorder, self.plan, self.inner.rank)
+        return pid
+
+    def update(self, batch, lr: float, step: int | None = None) -> dict[str, float]:
+        if self.inner.rank == 0 and self.plan.poison_loss(self.clock() if step is None else step):
+            batch = replace(batch, advantages=batch.advantages * math.nan)
+        return self.inner.update(batch, lr, step)
 
 
 class FaultyRollout(_Wrapper):

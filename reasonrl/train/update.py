@@ -3,6 +3,18 @@
 Each mini-batch is one optimizer step. Its loss is split over micro-batches so that
 the sum of the micro-batch losses is exactly the mini-batch loss (``aggregate`` with the
 mini-batch normaliser ``total``): gradients do not depend on the micro-batch size.
+
+Data-parallel ranks (a :class:`~reasonrl.train.distributed.DataParallel` context ``dp``) split
+each mini-batch the same way: every rank holds the whole batch, computes ``total`` from the
+whole mini-batch, and runs forward and backward on its own rows only (a token-balanced share,
+:meth:`~reasonrl.train.distributed.DataParallel.own`)::
+
+    loss_rank = sum over its rows' micro-batches of aggregate(l, m, agg, total=total)
+    sum over ranks of loss_rank = the mini-batch loss;  grad = all-reduce SUM of grad(loss_rank)
+
+so N ranks take the single-rank optimizer steps, with the single-rank clipping (the global
+norm: after the all-reduce every rank holds the same gradients) and the same skip decisions
+(computed from the all-reduced loss and gradients, so every rank agrees).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from reasonrl.algo import (
 )
 from reasonrl.config import AlgoConfig, TrainConfig
 from reasonrl.train.critic import Critic
+from reasonrl.train.distributed import DataParallel
 from reasonrl.train.logprobs import compute_logprobs, micro_batches, policy_logprobs, sequence_lengths
 from reasonrl.types import TrainBatch
 
@@ -44,6 +57,7 @@ def minibatch_steps(
     train: TrainConfig,
     micro_loss: MicroLoss,
     active: torch.Tensor | None = None,
+    dp: DataParallel | None = None,
 ) -> dict[str, float]:
     """Run ``train.ppo_epochs`` passes over the batch in mini-batches of ``train.mini_batch_size``.
 
@@ -57,6 +71,11 @@ def minibatch_steps(
     non-finite loss or grad norm skips the optimizer step
     (counted in ``nonfinite_skips``). Returns shares summed per mini-batch then averaged over mini-batches, means averaged
     over micro-batches, and ``grad_norm`` averaged over mini-batches.
+
+    With ``dp``, the rank runs its own rows of each mini-batch's (active) rows, then
+    :meth:`~reasonrl.train.distributed.DataParallel.reduce_gradients` sums the gradients and
+    the loss over the ranks before clipping; the returned metrics are the global ones
+    (shares summed over ranks, means averaged over every rank's micro-batches).
     """
     sums: dict[str, list[float]] = defaultdict(list)
     share_keys = {"loss"}
@@ -71,18 +90,26 @@ def minibatch_steps(
             if run.numel() == 0:  # every loss term of the mini-batch is exactly zero
                 for p in params:
                     p.grad = torch.zeros_like(p)
-            for micro in micro_batches(run, lengths, train.micro_batch_size, train.micro_batch_tokens):
+            for micro, real in _passes(run, lengths, train, dp, filler=mini[:1]):
                 loss, micro_shares, means = micro_loss(micro, total)
+                if not real:  # a pass that only keeps the ranks' forward passes in step
+                    (loss * 0).backward()
+                    continue
                 loss.backward()
                 shares["loss"] += loss.item()
                 for k, v in micro_shares.items():
                     shares[k] = shares.get(k, 0.0) + float(v)
                 for k, v in means.items():
                     sums[k].append(float(v))
+            if dp is not None:
+                shares["loss"] = dp.reduce_gradients(params, shares["loss"])
             share_keys.update(shares)
             for k, v in shares.items():
                 sums[k].append(v)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
+            if dp is None:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
+            else:
+                grad_norm = dp.clip(params, train.grad_clip)
             sums["grad_norm"].append(float(grad_norm))
             if torch.isfinite(grad_norm) and math.isfinite(shares["loss"]):
                 optimizer.step()
@@ -92,8 +119,45 @@ def minibatch_steps(
     for k in share_keys:  # a mini-batch that ran no rows has zero shares
         sums[k] += [0.0] * (len(sums["loss"]) - len(sums[k]))
     out = {k: sum(v) / len(v) for k, v in sums.items()}
+    if dp is not None:  # loss and grad_norm are global already
+        split = share_keys - {"loss"}
+        means = set(sums) - share_keys - {"grad_norm"}
+        out.update(dp.reduce_metrics(sums, split, means, len(sums["loss"])))
     out["nonfinite_skips"] = float(skips)
     return out
+
+
+def _passes(
+    rows: torch.Tensor, lengths: torch.Tensor, train: TrainConfig, dp: DataParallel | None, filler: torch.Tensor
+) -> list[tuple[torch.Tensor, bool]]:
+    """``(micro-batch, real)`` forward passes over ``rows`` (this rank's own part of them with ``dp``)."""
+    if dp is None:
+        return [(m, True) for m in micro_batches(rows, lengths, train.micro_batch_size, train.micro_batch_tokens)]
+    own = dp.own(rows, lengths)
+    return dp.passes(micro_batches(own, lengths, train.micro_batch_size, train.micro_batch_tokens), filler)
+
+
+def own_logprobs(
+    model: torch.nn.Module, rollout, temperature: float, train: TrainConfig, rows: torch.Tensor, dp: DataParallel
+) -> torch.Tensor:
+    """[B, T] log-probs of ``rows`` (this rank's, 0 elsewhere) without gradients, in the
+    micro-batches of :func:`~reasonrl.train.logprobs.compute_logprobs` (under fsdp padded to
+    the ranks' common number of passes, :meth:`~reasonrl.train.distributed.DataParallel.passes`)."""
+    lengths = sequence_lengths(rollout)
+    out = torch.zeros_like(rollout.response_mask)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            micros = micro_batches(rows, lengths, train.micro_batch_size, train.micro_batch_tokens)
+            for micro, real in dp.passes(micros, filler=torch.zeros(1, dtype=torch.long, device=out.device)):
+                logprobs, _, T = policy_logprobs(model, rollout, micro, temperature, with_entropy=False)
+                if real:
+                    out[micro, :T] = logprobs
+    finally:
+        model.train(was_training)
+        dp.settle(model)
+    return out * rollout.response_mask
 
 
 def update_policy(
@@ -105,6 +169,7 @@ def update_policy(
     temperature: float,
     horizon: int,
     version: int,
+    dp: DataParallel | None = None,
 ) -> dict[str, float]:
     """One PPO update of the policy on ``batch``, whose weights are ``version``.
 
@@ -129,8 +194,16 @@ def update_policy(
     loss terms is ``-0 * ratio``, so their gradient is exactly zero and the update is the
     same. ``actor/entropy`` (averaged over micro-batches) and the clip fractions then
     describe the rows that ran; ``trained_tokens`` and ``trained_rows_frac`` say how many.
+
+    With ``dp`` (data-parallel ranks, every one calling this on the whole batch), each rank
+    trains its own rows of every mini-batch (:func:`minibatch_steps`) and computes the
+    proximal anchor of the rows it will train only: its rows of the first mini-batch from
+    their first forward, its rows of the later ones in a pass before the first step. One
+    all-reduce at the end gathers the anchor rows for the ``off_policy/*`` and
+    ``rollout/logprob_*`` metrics, so every returned metric is the global one.
     """
     rollout = batch.scored.rollout
+    lengths = sequence_lengths(rollout)
     skipping = train.skip_zero_advantage and algo.kl_loss_coef == 0 and algo.entropy_coef == 0
     active = ((batch.advantages != 0) & batch.loss_mask.bool()).any(-1) if skipping else None
     weigh = IS_WEIGHTS.get(algo.off_policy)
@@ -139,14 +212,20 @@ def update_policy(
     if anchor is None:
         anchor = torch.zeros_like(batch.loss_mask)
         known = torch.zeros(rollout.size, dtype=torch.bool, device=anchor.device)
-        later = torch.ones_like(known)
-        later[: train.mini_batch_size] = False
-        if active is not None:
-            later &= active
-        rest = later.nonzero().squeeze(-1)
-        if rest.numel():
-            anchor[rest] = compute_logprobs(model, rollout, temperature, train.micro_batch_size, train.micro_batch_tokens, rest)[rest]
-            known[rest] = True
+        minis = torch.arange(rollout.size, device=anchor.device).split(train.mini_batch_size)
+        runs = [m if active is None else m[active[m]] for m in minis]
+        if dp is None:
+            rest = torch.cat(runs[1:] + [runs[0][:0]])
+            if rest.numel():
+                scored = compute_logprobs(model, rollout, temperature, train.micro_batch_size, train.micro_batch_tokens, rest)
+                anchor[rest] = scored[rest]
+        else:
+            rest = torch.cat([dp.own(run, lengths) for run in runs[1:]] + [runs[0][:0]])
+            anchor[rest] = own_logprobs(model, rollout, temperature, train, rest, dp)[rest]
+            mine = known.clone()
+            mine[rest] = True
+            mine[dp.own(runs[0], lengths)] = True
+        known[rest] = True
 
     def micro_loss(rows: torch.Tensor, total: float) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         logprobs, entropy, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=True)
@@ -183,12 +262,13 @@ def update_policy(
         return loss, shares, metrics
 
     model.train()
-    lengths = sequence_lengths(rollout)
-    out = minibatch_steps(list(model.parameters()), optimizer, batch.loss_mask, lengths, algo.loss_agg, train, micro_loss, active)
+    out = minibatch_steps(list(model.parameters()), optimizer, batch.loss_mask, lengths, algo.loss_agg, train, micro_loss, active, dp)
     trained = batch.loss_mask if active is None else batch.loss_mask * active[:, None]
     out["trained_tokens"] = float(trained.sum())
     out["trained_rows_frac"] = 1.0 if active is None else float(active.float().mean())
     if known is not None:
+        if dp is not None:
+            anchor, known = dp.gather_rows(anchor, mine)
         gap = behaviour_metrics(anchor[known], behaviour[known], rollout.action_mask[known], algo.tis_cap)
         out.update({f"off_policy/{k}": v.item() for k, v in gap.items()})
         out.update(sampler_gap(anchor, behaviour, rollout, version, known))

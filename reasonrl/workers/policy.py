@@ -10,8 +10,9 @@ from reasonrl.checkpoint.export import training_tokenizer, write_model_dir
 from reasonrl.config import Config
 from reasonrl.data.model import load_model
 from reasonrl.precision import compute_context, enable_checkpointing
-from reasonrl.train.logprobs import compute_logprobs
-from reasonrl.train.update import params_finite, update_policy
+from reasonrl.train.distributed import DataParallel
+from reasonrl.train.logprobs import compute_logprobs, sequence_lengths
+from reasonrl.train.update import own_logprobs, params_finite, update_policy
 from reasonrl.types import RolloutBatch, TrainBatch, WeightsUpdate
 
 
@@ -22,7 +23,13 @@ class PolicyWorker:
     model directory, +1 per :meth:`update`; a checkpoint restores it with the weights (a
     rollback to step c's checkpoint returns to version c). Rollout workers tag every
     sampled token with the version they held, and staleness is measured in versions.
+
+    ``dp`` is None for a single-rank worker; a data-parallel rank
+    (:class:`~reasonrl.workers.trainer_rank.TrainerRank`) sets its context there, and then
+    :meth:`logprobs` and :meth:`update` are collectives: every rank calls them on the whole batch.
     """
+
+    dp: DataParallel | None = None
 
     def __init__(self, cfg: Config, model_dir: str | Path) -> None:
         self.cfg = cfg
@@ -37,11 +44,20 @@ class PolicyWorker:
         t = self.cfg.train
         return torch.optim.AdamW(self.module.parameters(), lr=t.lr, weight_decay=t.weight_decay)
 
+    def compute_module(self) -> torch.nn.Module:
+        """The module that scoring and updates run through: :attr:`module` itself here."""
+        return self.module
+
     def logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
-        """[B, T] log-probs of the response tokens under the current weights (0 on padding)."""
-        t = self.cfg.train
+        """[B, T] log-probs of the response tokens under the current weights (0 on padding).
+        With ``dp``: each rank scores its token-balanced share of the rows, and one all-reduce
+        (SUM of disjoint rows) gives every rank all of them."""
+        t, temperature = self.cfg.train, self.cfg.rollout.temperature
         with compute_context(t.precision, self.cfg.run.device):
-            return compute_logprobs(self.module, rollout, self.cfg.rollout.temperature, t.micro_batch_size, t.micro_batch_tokens)
+            if self.dp is None:
+                return compute_logprobs(self.module, rollout, temperature, t.micro_batch_size, t.micro_batch_tokens)
+            rows = self.dp.own(torch.arange(rollout.size, device=rollout.response_mask.device), sequence_lengths(rollout))
+            return self.dp.all_reduce(own_logprobs(self.compute_module(), rollout, temperature, t, rows, self.dp), "logprobs")
 
     def update(self, batch: TrainBatch, lr: float) -> dict[str, float]:
         """One PPO update on ``batch`` at learning rate ``lr`` (see
@@ -50,7 +66,8 @@ class PolicyWorker:
             group["lr"] = lr
         r, t = self.cfg.rollout, self.cfg.train
         with compute_context(t.precision, self.cfg.run.device):
-            metrics = update_policy(self.module, self.optimizer, batch, self.cfg.algo, t, r.temperature, r.max_new_tokens, self.version)
+            metrics = update_policy(self.compute_module(), self.optimizer, batch, self.cfg.algo, t, r.temperature,
+                                    r.max_new_tokens, self.version, self.dp)
         self.version += 1
         return metrics
 

@@ -11,6 +11,7 @@
     reasonrl samples RUN_DIR [--step N] [--wrong|--right]   the prompts, responses and rewards a run kept
     reasonrl drill [--steps N] [key=value ...]   one fault of each kind on the demo: detection, recovery, ETTR
     reasonrl env-check NAME [--policy scripted] [env.args.k=v ...]   play an environment and check it
+    reasonrl trace RUN_DIR                       per trainer rank: collectives, waits, bandwidth; the slow or stuck rank
 
 Exit codes: 0 done (also a complete run started again); 1 a failure the supervisor could not recover from; 2 bad usage or input, or
 another error that a restart would meet again (one line on stderr, no restart); 128 + N after
@@ -210,6 +211,20 @@ def cmd_env_check(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    """The collectives of a run with several trainer ranks, per rank (wait, arrival order,
+    bandwidth), and the slow or stuck rank, by the thresholds of the run's config.yaml."""
+    from reasonrl.resilience.collectives import TRACE_DIR, analyse, format_table
+
+    run_dir = Path(args.run_dir)
+    cfg = load(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else load(None)
+    r = cfg.resilience
+    report = analyse(run_dir / TRACE_DIR, stuck_after_s=cfg.runtime.collective_timeout_s, ratio=r.slow_ratio,
+                     min_s=r.slow_min_s)
+    print(format_table(report))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """A run's policy (the newest checkpoint, or --step N) as a Hugging Face model directory."""
     from reasonrl.checkpoint.export import export_model
@@ -325,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="random actions, or the environment's demonstration (default random)")
     p.add_argument("--max-turns", type=int, default=0, help="turns per episode (default: env.max_turns)")
     p.set_defaults(fn=cmd_env_check)
+    p = sub.add_parser("trace", help="per trainer rank: collectives, wait time, arrival order, bandwidth; the "
+                                     "slow or stuck rank")
+    p.add_argument("run_dir", help="the run directory (run.dir) of a run with runtime.trainer_ranks > 1")
+    p.set_defaults(fn=cmd_trace)
     p = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory")
     p.add_argument("run_dir", help="the run directory (run.dir)")
     p.add_argument("out", help="the directory to write (new, empty, or a previous export)")

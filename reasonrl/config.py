@@ -649,6 +649,9 @@ def validate(cfg: Config) -> None:
              "must contain {output}, where the tool's output goes")
     _require(t.strategy != "fsdp" or cfg.run.device.startswith("cuda"), "train.strategy", t.strategy,
              f"FSDP shards over GPUs (nccl); on run.device = {cfg.run.device!r} use train.strategy=ddp")
+    _require(t.strategy != "fsdp" or r.mode != "sync" or cfg.runtime.engine == "ray", "train.strategy", t.strategy,
+             "FSDP shards rank 0's module, which a synchronous rollout in this process would sample from; set "
+             "rollout.mode=lockstep (the rollout side holds its own weights)")
     _require(s.hidden_size % s.heads == 0, "sft.heads", s.heads, f"must divide sft.hidden_size = {s.hidden_size}")
     _require(s.heads % s.kv_heads == 0, "sft.kv_heads", s.kv_heads, f"must divide sft.heads = {s.heads}")
 

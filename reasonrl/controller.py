@@ -40,6 +40,7 @@ from reasonrl.evaluation import Evaluator
 from reasonrl.loggers import check_loggers, open_loggers
 from reasonrl.memory import PeakMemory
 from reasonrl.metrics import EventLog, MetricsSink, Sample, StepLog, logging_step, read_jsonl, timed
+from reasonrl.resilience.collectives import TRACE_DIR, RankMonitor, launch_ranks
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.faults import parse_faults
 from reasonrl.resilience.guards import NonFiniteGuard, StageWatchdog, run_detectors
@@ -50,7 +51,7 @@ from reasonrl.rollout.agent_loop import AgentLoop
 from reasonrl.rollout.source import AsyncSource, RolloutProducer, SyncSource
 from reasonrl.samples import sample_records
 from reasonrl.train.update import sampler_gap
-from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout, setup_torch
+from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
 from reasonrl.types import Prompt, ScoredBatch, TrainBatch
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker, trainer_numerics
 
@@ -66,14 +67,14 @@ def build_producer(cfg: Config, model_dir: Path, prompts: list[Prompt], prompt_i
 
 
 class _Role:
-    """A registry entry for a single-worker group: its state through the group's calls."""
+    """A registry entry for a group: its state through the group's calls (the first worker's,
+    rank 0 of trainer ranks; every worker restores it)."""
 
     def __init__(self, group) -> None:
         self.group = group
 
     def state_dict(self) -> dict:
-        [state] = self.group.call("state_dict")
-        return state
+        return self.group.call("state_dict")[0]  # rank 0's: every rank holds the same
 
     def load_state_dict(self, state: dict) -> None:
         self.group.call("load_state_dict", state)
@@ -167,8 +168,19 @@ class Controller:
         self.cluster = self.reservation = None
         if cfg.runtime.engine == "ray":
             self.cluster, self.reservation = ray_reservation(cfg, self.model_dir)
-        policy = PolicyWorker(cfg, self.model_dir)
-        self.policy = LocalGroup([FaultyPolicy(policy, self.faults, clock) if "nan" in kinds else policy])
+        world = cfg.runtime.trainer_ranks
+        self.rank_monitor: RankMonitor | None = None
+        """Names a slow or stuck trainer rank from the collectives' trace (several ranks)."""
+        if world > 1:  # rank 0 here (its module shared by the synchronous rollout), the others beside it
+            self.policy = launch_ranks(cfg, self.model_dir, self.run_dir, reservation=self.reservation)
+            policy = self.policy.local
+            torch.set_num_threads(max(1, (cfg.run.threads or available_cores()) // world))
+            self.rank_monitor = RankMonitor(self.run_dir / TRACE_DIR, world, self.events, r, cfg.runtime)
+        else:
+            policy = PolicyWorker(cfg, self.model_dir)
+            self.policy = LocalGroup([FaultyPolicy(policy, self.faults, clock) if "nan" in kinds else policy])
+        self.rank0 = policy
+        """The policy's rank 0, in this process (the final export)."""
         self.reference = self._group("reference", ReferenceWorker) if cfg.algo.kl_loss_coef > 0 else None
         self.critic = self._group("critic", CriticWorker) if cfg.algo.adv_estimator == "gae" else None
         self.trainer_numerics = trainer_numerics(cfg)
@@ -283,7 +295,7 @@ class Controller:
                 old = behaviour
             else:
                 with self.stage(t, "old_log_prob"):
-                    [old] = self.policy.call("logprobs", rollout)
+                    old = self.policy_call("logprobs", step, rollout)
                 gap = algo.behaviour_metrics(old, behaviour, rollout.action_mask, cfg.algo.tis_cap)
                 metrics.update({f"off_policy/{k}": v.item() for k, v in gap.items()})
                 metrics.update(sampler_gap(old, behaviour, rollout, version))
@@ -303,7 +315,8 @@ class Controller:
                     [critic_metrics] = self.critic.call("update", batch)
                 metrics.update({f"critic/{k}": v for k, v in critic_metrics.items() if k not in ("loss",)})
             with self.stage(t, "update_actor"):
-                [actor_metrics] = self.policy.call("update", batch, lr)
+                actor_metrics = self.policy_call("update", step, batch, lr)
+            self.balance_ranks(step)
             metrics.update({k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items() if k != "loss"})
             self.guard(step, actor_metrics)
             metrics["actor/lr"] = lr
@@ -325,6 +338,28 @@ class Controller:
         self.step_count = step
         return metrics
 
+    def policy_call(self, method: str, step: int, *args):
+        """Rank 0's answer of the policy's ``method`` (a collective of every trainer rank, the
+        trace tagged with ``step``, when there are several). A rank that does not answer in
+        time is named (a ``hang`` event) before the error goes up to the supervisor, which
+        restarts the run from its last checkpoint."""
+        if self.rank_monitor is None:
+            return self.policy.call(method, *args)[0]
+        try:
+            return self.policy.call(method, *args, step=step)[0]
+        except WorkerTimeout:
+            self.rank_monitor.on_timeout(step)
+            raise
+
+    def balance_ranks(self, step: int) -> None:
+        """After an update with several trainer ranks: name a rank the others keep waiting for
+        (a ``straggler`` event) and shrink its share of the batch to its speed
+        (:class:`~reasonrl.resilience.collectives.RankMonitor`)."""
+        if self.rank_monitor is not None:
+            found = self.rank_monitor.after_step(step)
+            if found.shares is not None:
+                self.policy.call("set_shares", found.shares)
+
     def samples(self, step: int, scored: ScoredBatch) -> list[dict]:
         """Records of up to max(run.keep_samples, run.log_samples on a logging step) rows of
         the batch, distinct prompts first (:func:`spread_rows`)."""
@@ -335,7 +370,7 @@ class Controller:
     def publish(self) -> None:
         """Hand the policy's current weights to the rollout side; they are the version the next
         batch is trained from."""
-        [weights] = self.policy.call("weights")
+        weights = self.policy.call("weights")[0]
         self.source.publish(weights)
         self.version = weights.version
 
@@ -361,7 +396,7 @@ class Controller:
 
     def guard(self, step: int, actor: dict[str, float]) -> None:
         """Non-finite and spike guards after an update; roll back to the last checkpoint when due."""
-        [finite] = self.policy.call("params_finite")
+        finite = self.policy.call("params_finite")[0]
         verdict = self.nonfinite.check(step, actor["loss"], actor["grad_norm"], finite)
         if verdict == "ok":
             self.updates_applied += 1
@@ -487,7 +522,7 @@ class Controller:
                     f"{self.run_dir}: no update was applied in {self.step_count} steps (every one was skipped as "
                     f"non-finite or rolled back; see {self.events.path}); final/ is not exported. Check train.lr, "
                     "train.grad_clip and the reward function")
-            self.policy.call("export", self.run_dir / "final")
+            self.rank0.export(self.run_dir / "final")  # in this process: the groups are closed by now
         return last
 
     def keep_samples(self, step: int, sink: MetricsSink, samples: StepLog | None, train: list[dict], val: list[dict]) -> None:
@@ -543,7 +578,7 @@ class Controller:
         self.source.close()
         self._reward.close()
         self._evaluation.close()
-        for group in (self.reference, self.critic):
+        for group in (self.policy, self.reference, self.critic):
             if group is not None:
                 group.close()
         if self.reservation is not None:
@@ -635,13 +670,15 @@ def ray_reservation(cfg: Config, model_dir: Path):
     (join runtime.ray_address, or start a loopback-only local cluster whose object store
     holds two versions of the weights), then the bundles of runtime.placement for the roles
     this run starts as actors (the rollout side, which holds its reward and environment
-    processes; reference and critic when used), reserved or a LimitError within seconds. The
-    policy (trainer rank 0) is this process."""
+    processes; reference and critic when used; trainer ranks 1..N-1), reserved or a LimitError
+    within seconds. The policy's rank 0 is this process."""
     from reasonrl.memory import DTYPE_BYTES, ModelShape
     from reasonrl.runtime.placement import parse_placement
     from reasonrl.runtime.ray import OBJECT_STORE_BYTES, Reservation, connect
 
     roles = {"rollout": 1}
+    if cfg.runtime.trainer_ranks > 1:
+        roles["policy"] = cfg.runtime.trainer_ranks - 1
     if cfg.algo.kl_loss_coef > 0:
         roles["reference"] = 1
     if cfg.algo.adv_estimator == "gae":

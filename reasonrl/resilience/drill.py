@@ -55,6 +55,9 @@ def standard_plan(steps: int) -> list[Drill]:
         Drill(f"reward_timeout@{s + 1}:count=4", "reward_failed", False, False,
               ("resilience.reward_workers=1", "resilience.reward_timeout_s=2")),
         Drill(f"reward_error@{s + 1}:count=4", "reward_failed", False, False),
+        # Two trainer ranks sum their gradients in another order than the clean single rank.
+        Drill(f"slow_rank@{s}:rank=1:factor=3:steps={steps}", "straggler", False, False, ("runtime.trainer_ranks=2",)),
+        Drill(f"hang_rank@{s + 1}:rank=1", "hang", True, False, ("runtime.trainer_ranks=2", "runtime.collective_timeout_s=4")),
     ]
 
 

@@ -1,0 +1,49 @@
+"""Rank faults in real runs with two data-parallel trainer ranks: a slow rank is named (a
+``straggler`` event with its rank) and given a smaller share; a stuck rank is named (a ``hang``
+event with its rank) and the supervisor restarts the run from its last checkpoint; both runs
+finish. The DAPO recipe on the embedded warm start, its update long enough (~0.3 s) that a
+threefold slowdown stands out of the machine's noise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from reasonrl.metrics import read_jsonl
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _train(run_dir, steps: int, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "reasonrl.cli", "train", "dapo", f"run.dir={run_dir}", f"train.total_steps={steps}",
+               "eval.every_steps=0", "run.progress=false", "runtime.trainer_ranks=2", "checkpoint.every_steps=2",
+               "resilience.backoff_s=0.05", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=540)
+
+
+def test_a_slow_rank_is_named_within_3_steps_and_given_a_smaller_share(tmp_path):
+    done = _train(tmp_path, 8, "faults=[slow_rank@3:rank=1:factor=4:steps=8]")
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = read_jsonl(tmp_path / "events.jsonl")
+    stragglers = [e for e in events if e["kind"] == "straggler"]
+    assert stragglers and stragglers[0]["rank"] == 1 and 3 <= stragglers[0]["step"] <= 5, stragglers
+    assert stragglers[0]["shares"][1] < stragglers[0]["shares"][0]  # the slow rank trains fewer rows
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 9))
+    assert (tmp_path / "final" / "config.json").is_file()
+
+
+def test_a_stuck_rank_is_named_and_the_run_restarts_from_its_checkpoint_and_finishes(tmp_path):
+    done = _train(tmp_path, 6, "faults=[hang_rank@4:rank=1]", "runtime.collective_timeout_s=4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = read_jsonl(tmp_path / "events.jsonl")
+    [hang] = [e for e in events if e["kind"] == "hang"]
+    assert hang["rank"] == 1 and hang["step"] == 4, hang
+    [recovered] = [e for e in events if e["kind"] == "recovered"]
+    assert recovered["from_step"] == 2
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 7))
+    assert (tmp_path / "final" / "config.json").is_file()
+    out = subprocess.run([sys.executable, "-m", "reasonrl.cli", "trace", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "rank" in out.stdout, out.stderr

@@ -1,7 +1,7 @@
 """Training with runtime.engine=ray on a local cluster: a seeded synchronous run ends with the
-local run's weights, the cluster listens on loopback only while it trains, a killed rollout
-actor is replaced with no prompt lost or used twice, and the DAPO recipe learns as it does
-locally.
+local run's weights, the cluster listens on loopback only while it trains, and a killed rollout
+actor is replaced with no prompt lost or used twice (the DAPO recipe's run on Ray, killed and
+resumed, is in tests/e2e/test_recipes.py).
 
 The Ray runs are ``reasonrl train`` processes of their own: the process that starts a local
 cluster must import ray itself, after setting its loopback-only switch."""
@@ -60,7 +60,7 @@ def test_a_seeded_synchronous_ray_run_ends_with_the_local_runs_weights(model_dir
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
 def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout_actor_loses_no_prompt(model_dir, tmp_path):
-    proc = _train("grpo", [*tiny_run(model_dir, tmp_path, 12), "run.threads=1", "rollout.threads=1",
+    proc = _train("grpo", [*tiny_run(model_dir, tmp_path, 8), "run.threads=1", "rollout.threads=1",
                            "runtime.engine=ray", "algo.dynamic_sampling=true", "algo.max_gen_batches=20"])
     try:
         actor = _rollout_pid(tmp_path, after_steps=3)
@@ -77,15 +77,5 @@ def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout
         proc.kill()
     events = read_jsonl(tmp_path / "events.jsonl")
     assert [(e["kind"], e["pid"]) for e in events if e["kind"] in ("rollout_died", "rollout_timeout")] == [("rollout_died", actor)]
-    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 13))
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 9))
     _assert_every_prompt_used_once(tmp_path)
-
-
-@pytest.mark.slow
-def test_the_dapo_recipe_on_ray_raises_heldout_accuracy_as_it_does_locally(tmp_path):
-    steps = 20  # as tests/e2e/test_recipes.py asks of the local run: +5 points after 20 steps
-    _finish(_train("dapo", [f"run.dir={tmp_path}", f"train.total_steps={steps}", f"eval.every_steps={steps}",
-                            "eval.n_prompts=256", "eval.greedy=false", "run.progress=false", "runtime.engine=ray"]), 600)
-    val = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "val/acc" in r]
-    assert [r["step"] for r in val] == [0, steps]
-    assert val[-1]["val/acc"] >= val[0]["val/acc"] + 0.05, f"{val[0]['val/acc']:.3f} -> {val[-1]['val/acc']:.3f}"

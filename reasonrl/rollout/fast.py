@@ -49,6 +49,7 @@ from reasonrl.rollout.hf import (
     pad_prompts,
     response_mask,
     sample,
+    turn_buffers,
 )
 from reasonrl.types import RolloutBatch, SamplingParams
 
@@ -462,14 +463,8 @@ class FastSession(Session):
         index, own, work = self._work(rows)
         first_fill = self.fill[index]
         start = int(first_fill.min())
-        limit = torch.tensor(limits, device=device)
-        eos_ids = torch.tensor(self.eos_ids, device=device)
-        tokens = torch.full((b, steps), self.pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros((b, steps), device=device)
-        lengths = torch.zeros(b, dtype=torch.long, device=device)
-        eos = torch.zeros(b, dtype=torch.bool, device=device)
+        limit, eos_ids, tokens, logprobs, lengths, eos, alive = turn_buffers(limits, self.eos_ids, self.pad_id, device)
         live = torch.arange(b, device=device)  # the turn row of each row of ``work``
-        alive = torch.ones(b, dtype=torch.bool, device=device)
         fill, low, logits = first_fill, self.low[index], self.logits[index]
         with inference(self.model):
             for t in range(steps):

@@ -167,6 +167,17 @@ def collect_turns(tokens: torch.Tensor, logprobs: torch.Tensor, lengths: torch.T
     return [Turn(t[:k], p[:k], e) for t, p, k, e in rows]
 
 
+def turn_buffers(limits: list[int], eos_ids: Sequence[int], pad_id: int, device) -> tuple[torch.Tensor, ...]:
+    """The state of one turn of ``b = len(limits)`` rows, ``S = max(limits)`` steps at most:
+    (limit [b], eos ids, tokens [b, S] pad-filled, logprobs [b, S], lengths [b], ended on EOS
+    [b], alive [b])."""
+    b, steps = len(limits), max(limits)
+    return (torch.tensor(limits, device=device), torch.tensor(eos_ids, device=device),
+            torch.full((b, steps), pad_id, dtype=torch.long, device=device), torch.zeros((b, steps), device=device),
+            torch.zeros(b, dtype=torch.long, device=device), torch.zeros(b, dtype=torch.bool, device=device),
+            torch.ones(b, dtype=torch.bool, device=device))
+
+
 @contextmanager
 def inference(model: torch.nn.Module) -> Iterator[None]:
     """``model`` in eval mode without gradients (its mode restored after)."""
@@ -273,13 +284,7 @@ class HFSession(Session):
     ) -> list[Turn]:
         device, b, steps = self.device, len(rows), max(limits)
         ids, mask = pad_prompts([self.sequences[r] for r in rows], 1, self.pad_id, device)
-        limit = torch.tensor(limits, device=device)
-        eos_ids = torch.tensor(self.eos_ids, device=device)
-        tokens = torch.full((b, steps), self.pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros((b, steps), device=device)
-        lengths = torch.zeros(b, dtype=torch.long, device=device)
-        eos = torch.zeros(b, dtype=torch.bool, device=device)
-        alive = torch.ones(b, dtype=torch.bool, device=device)
+        limit, eos_ids, tokens, logprobs, lengths, eos, alive = turn_buffers(limits, self.eos_ids, self.pad_id, device)
         with inference(self.model):
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                              use_cache=True)

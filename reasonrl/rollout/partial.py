@@ -14,26 +14,14 @@ update arrives, the result is :meth:`FastGenerator.generate`'s, token for token.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
 from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
-from reasonrl.rollout.hf import draw_seed, is_eos, pad_prompts
+from reasonrl.rollout.hf import draw_seed, inference, is_eos, pad_prompts
 from reasonrl.types import RolloutBatch, SamplingParams
-
-
-@contextmanager
-def _inference(model: torch.nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
 
 
 class _Rows:
@@ -115,7 +103,7 @@ class PartialRollouts:
                 return bool(on_groups_done(done, self._batch(rows, [g * n + j for g in done for j in range(n)], n)))
 
             rng = torch.Generator(device=generator.device).manual_seed(draw_seed(generator))
-            with _inference(fast.model):
+            with inference(fast.model):
                 decoded = fast._decode(prompt_ids, prompt_mask, phase_n, phase_params, rng, on_step=on_step, limits=limits,
                                        stop=self.pending)
             if decoded.stopped or not decoded.interrupted:

@@ -92,10 +92,12 @@ def _train_here(cfg) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from reasonrl.data.sft import ensure_warm_start
+    """Build (or find) the recipe's warm start: of its shipped environment (env.name), else of
+    the embedded task."""
+    from reasonrl.data.sft import ensure_warm_start, resolve_model_dir
 
     cfg = load(_recipe(args.recipe), args.overrides)
-    out = ensure_warm_start(cfg.sft, cfg.data.families)
+    out = resolve_model_dir(cfg) if cfg.model.path == "embedded" else ensure_warm_start(cfg.sft, cfg.data.families)
     print(out)
     print((out / "sft_summary.json").read_text())
     return 0

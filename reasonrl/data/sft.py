@@ -5,7 +5,9 @@ accuracy on held-out problems reaches ``sft.target_acc`` (on purpose well below
 perfect, so that reinforcement learning has room to improve it), then saved with its
 tokenizer as a Hugging Face model directory under
 ``$REASONRL_CACHE/warmstart/<hash of the settings>/`` (default cache: ``~/.cache/reasonrl``).
-A second call with the same settings only returns the directory.
+A second call with the same settings only returns the directory. The shipped environments
+(``env.name`` grid, tool_arith) have warm starts of their own: :mod:`reasonrl.env.warmstart`,
+which :func:`resolve_model_dir` picks for them.
 """
 
 from __future__ import annotations
@@ -34,8 +36,14 @@ FORMAT_VERSION = 2
 
 
 def resolve_model_dir(cfg: Config, log: Callable[[str], None] = print) -> Path:
-    """The policy's model directory: the cached warm start for ``model.path=embedded``, else model.path."""
+    """The policy's model directory, model.path unless that is ``embedded``: then the cached warm
+    start, of the environment ``env.name`` when it is a shipped one with a warm start (grid,
+    tool_arith: :mod:`reasonrl.env.warmstart`), else of the embedded task."""
     if cfg.model.path == "embedded":
+        from reasonrl.env.warmstart import ensure_env_warm_start, has_warm_start  # it imports this module
+
+        if cfg.env.name and has_warm_start(cfg.env.name):
+            return ensure_env_warm_start(cfg, log)
         return ensure_warm_start(cfg.sft, cfg.data.families, log)
     return Path(cfg.model.path)
 
@@ -73,10 +81,9 @@ def greedy_accuracy(model, tokenizer, problems: list[tasks.Problem], max_new_tok
     return sum(dapo_score(t, str(p.answer))["acc"] for t, p in zip(texts, problems)) / len(problems)
 
 
-def train_sft(cfg: SFTConfig, families: tuple[str, ...], out_dir: Path, log: Callable[[str], None] = print) -> dict:
-    """Train until greedy held-out accuracy >= cfg.target_acc (or cfg.max_steps); save to out_dir."""
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(
+def sft_model(cfg: SFTConfig, tokenizer):
+    """The embedded Llama of ``sft.*``'s sizes and seed, freshly initialised, for ``tokenizer``."""
+    return build_tiny_model(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
         layers=cfg.layers,
@@ -87,6 +94,12 @@ def train_sft(cfg: SFTConfig, families: tuple[str, ...], out_dir: Path, log: Cal
         eos_id=tokenizer.eos_token_id,
         seed=cfg.seed,
     )
+
+
+def train_sft(cfg: SFTConfig, families: tuple[str, ...], out_dir: Path, log: Callable[[str], None] = print) -> dict:
+    """Train until greedy held-out accuracy >= cfg.target_acc (or cfg.max_steps); save to out_dir."""
+    tokenizer = build_char_tokenizer()
+    model = sft_model(cfg, tokenizer)
     train = tasks.generate(families, cfg.batch_size * cfg.max_steps // 4 + cfg.batch_size, cfg.seed, "train")
     held_out = tasks.generate(families, cfg.eval_size, cfg.seed + 1, "test")
     max_new = max(len(tokenizer(p.solution)["input_ids"]) for p in held_out) + 8

@@ -96,6 +96,19 @@ def sft_model(cfg: SFTConfig, tokenizer):
     )
 
 
+def sft_step(model, optimizer: torch.optim.Optimizer, input_ids: torch.Tensor, labels: torch.Tensor,
+             attention_mask: torch.Tensor) -> torch.Tensor:
+    """One supervised step: the mean cross-entropy of ``labels`` (-100: not trained), its
+    gradient clipped to norm 1, an optimizer step; returns the loss."""
+    model.train()
+    loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss
+
+
 def train_sft(cfg: SFTConfig, families: tuple[str, ...], out_dir: Path, log: Callable[[str], None] = print) -> dict:
     """Train until greedy held-out accuracy >= cfg.target_acc (or cfg.max_steps); save to out_dir."""
     tokenizer = build_char_tokenizer()
@@ -111,12 +124,7 @@ def train_sft(cfg: SFTConfig, families: tuple[str, ...], out_dir: Path, log: Cal
         input_ids, labels, attn = _sft_batch([train[i] for i in idx], tokenizer)
         for group in opt.param_groups:
             group["lr"] = cfg.lr * min(1.0, step / 20)
-        model.train()
-        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = sft_step(model, opt, input_ids, labels, attn)
         if step % cfg.eval_every == 0:
             acc = greedy_accuracy(model, tokenizer, held_out, max_new)
             log(f"warm start step {step}: loss {loss.item():.3f}, held-out greedy accuracy {acc:.3f}")

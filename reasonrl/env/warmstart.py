@@ -60,7 +60,7 @@ from typing import Any, Callable
 import torch
 
 from reasonrl.config import Config, EnvConfig
-from reasonrl.data.sft import cache_root, sft_model
+from reasonrl.data.sft import cache_root, sft_model, sft_step
 from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.env.base import Env, env_attribute, make_env
 from reasonrl.env.pool import EnvPool
@@ -412,12 +412,7 @@ def _train(cfg: Config, out_dir: Path, log: Callable[[str], None]) -> dict[str, 
         input_ids, labels, attn = _batch([examples[i] for i in idx], pad)
         for group in opt.param_groups:
             group["lr"] = s.lr * min(1.0, step / 20) * (spec.noisy_lr_scale if switched else 1.0)
-        model.train()
-        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = sft_step(model, opt, input_ids, labels, attn)
         if step % spec.eval_every == 0 or step == max_steps:
             success, _ = sampled_success(model, tokenizer, e, seeds, cfg.rollout.max_new_tokens,
                                          torch.Generator().manual_seed(s.seed + step))

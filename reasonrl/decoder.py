@@ -207,7 +207,7 @@ class LeanDecoder:
     :meth:`response_hidden` scores responses (training, reference and old-policy log-probs,
     critic values), each distinct prompt encoded once; :meth:`prefill` and :meth:`decode`
     run generation over a :class:`KVCache`, :meth:`extend` continues its rows each at its own
-    pace (multi-turn sessions: ragged chunks of tokens, one token a step). Fused weights are rebuilt by :meth:`fuse` on each
+    pace (multi-turn continuations: ragged chunks of tokens, one token a step). Fused weights are rebuilt by :meth:`fuse` on each
     call of :meth:`response_hidden` (cheap, and the gradients flow back to the parameters)
     and once per batch for generation.
     """

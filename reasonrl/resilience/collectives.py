@@ -8,8 +8,8 @@
 
 The traces are the files :class:`~reasonrl.train.distributed.TraceWriter` appends,
 ``trace/rank<R>.jsonl``: per collective an ``enter`` line before it and an ``exit`` line after
-it, per call a ``begin`` line. Collectives are matched across ranks by ``(session, seq)``; the
-newest session (the group of the newest run attempt) is analysed.
+it, per call a ``begin`` line. Collectives are matched across ranks by ``(incarnation, seq)``; the
+newest incarnation (the group of the newest run attempt) is analysed.
 
 Rules (``t`` the wall-clock enter time of a rank in a collective):
 
@@ -109,7 +109,7 @@ def launch_ranks(cfg: Config, model_dir: str | Path, run_dir: str | Path, *, ran
 # ---------------------------------------------------------------------- reading traces
 @dataclass
 class Collective:
-    """One collective of a session as the ranks recorded it: per rank its enter and exit wall
+    """One collective of a incarnation as the ranks recorded it: per rank its enter and exit wall
     times, the compute before it (seconds) and an error, if it raised."""
 
     seq: int
@@ -124,7 +124,7 @@ class Collective:
 
 
 @dataclass
-class Session:
+class Incarnation:
     """One process group's records: ``world`` ranks, collectives by sequence number."""
 
     id: str
@@ -136,18 +136,18 @@ class Session:
 class TraceReader:
     """Reads ``trace_dir/rank*.jsonl`` incrementally: each :meth:`read` parses only the lines
     appended since the last one (a partial last line waits for the next read). With
-    ``keep_steps``, only the newest session and its collectives of the last ``keep_steps``
+    ``keep_steps``, only the newest incarnation and its collectives of the last ``keep_steps``
     steps are kept (a monitor's bounded memory)."""
 
     def __init__(self, trace_dir: str | Path, keep_steps: int | None = None) -> None:
         self.trace_dir = Path(trace_dir)
         self.keep_steps = keep_steps
-        self.sessions: dict[str, Session] = {}
+        self.incarnations: dict[str, Incarnation] = {}
         self._offsets: dict[Path, int] = {}
-        self._marks: dict[tuple[str, int], float] = {}  # (session, rank) -> monotonic time of its last begin/exit
+        self._marks: dict[tuple[str, int], float] = {}  # (incarnation, rank) -> monotonic time of its last begin/exit
 
-    def read(self) -> Session | None:
-        """The newest session after reading what was appended; None when there is none."""
+    def read(self) -> Incarnation | None:
+        """The newest incarnation after reading what was appended; None when there is none."""
         for path in sorted(self.trace_dir.glob("rank*.jsonl")):
             with open(path, "rb") as f:
                 f.seek(self._offsets.get(path, 0))
@@ -160,9 +160,9 @@ class TraceReader:
                 except json.JSONDecodeError:  # a line cut by a kill mid-write
                     continue
                 self._add(record)
-        newest = max(self.sessions.values(), key=lambda s: s.first_t, default=None)
+        newest = max(self.incarnations.values(), key=lambda s: s.first_t, default=None)
         if newest is not None and self.keep_steps is not None:
-            self.sessions = {newest.id: newest}
+            self.incarnations = {newest.id: newest}
             steps = {c.step for c in newest.collectives.values()}
             if steps:
                 oldest = max(steps) - self.keep_steps + 1
@@ -170,18 +170,18 @@ class TraceReader:
         return newest
 
     def _add(self, r: dict[str, Any]) -> None:
-        session = self.sessions.setdefault(r["session"], Session(r["session"]))
-        session.first_t = min(session.first_t, r["t"])
-        rank, key = r["rank"], (r["session"], r["rank"])
+        incarnation = self.incarnations.setdefault(r["incarnation"], Incarnation(r["incarnation"]))
+        incarnation.first_t = min(incarnation.first_t, r["t"])
+        rank, key = r["rank"], (r["incarnation"], r["rank"])
         if r["ev"] == "begin":
-            session.world = max(session.world, r["world"])
+            incarnation.world = max(incarnation.world, r["world"])
             self._marks[key] = r["mono"]
         elif r["ev"] == "enter":
-            c = session.collectives.setdefault(r["seq"], Collective(r["seq"], r["op"], r["what"], r["step"], r["bytes"]))
+            c = incarnation.collectives.setdefault(r["seq"], Collective(r["seq"], r["op"], r["what"], r["step"], r["bytes"]))
             c.enter[rank] = r["t"]
             c.compute[rank] = max(0.0, r["mono"] - self._marks.get(key, r["mono"]))
         elif r["ev"] == "exit":
-            c = session.collectives.get(r["seq"])
+            c = incarnation.collectives.get(r["seq"])
             if c is not None:
                 c.exit[rank] = r["t"]
                 if "error" in r:
@@ -192,7 +192,7 @@ class TraceReader:
 # ---------------------------------------------------------------------- analysis
 @dataclass
 class RankStats:
-    """One rank over a session: collectives entered, seconds inside them (waiting for the
+    """One rank over a incarnation: collectives entered, seconds inside them (waiting for the
     others, then transferring), mean arrival order (0: first) and times last over the
     collectives every rank entered, compute seconds, bytes, and the all-reduce bandwidth
     (bytes over the time from the last rank's arrival to this rank's exit), MB/s."""
@@ -240,10 +240,10 @@ class Stuck:
 
 @dataclass
 class TraceReport:
-    """What :func:`analyse` found in one session of a trace directory."""
+    """What :func:`analyse` found in one incarnation of a trace directory."""
 
-    session: str
-    sessions: int
+    incarnation: str
+    incarnations: int
     world: int
     steps: list[int]
     collectives: int
@@ -286,11 +286,11 @@ def _straggler(complete: list[Collective], step_compute: dict[int, dict[int, flo
     return Straggler(rank, lateness, count, len(steps), others)
 
 
-def _stuck(session: Session, world: int, now: float, stuck_after_s: float) -> Stuck | None:
+def _stuck(incarnation: Incarnation, world: int, now: float, stuck_after_s: float) -> Stuck | None:
     """The ranks missing from the newest collective, when it was entered long enough ago."""
-    if not session.collectives:
+    if not incarnation.collectives:
         return None
-    c = session.collectives[max(session.collectives)]
+    c = incarnation.collectives[max(incarnation.collectives)]
     missing = tuple(r for r in range(world) if r not in c.enter)
     waited = now - min(c.enter.values())
     if not missing or waited < stuck_after_s:
@@ -298,17 +298,17 @@ def _stuck(session: Session, world: int, now: float, stuck_after_s: float) -> St
     return Stuck(missing, c.op, c.what, c.seq, c.step, tuple(sorted(c.enter)), waited)
 
 
-def report_of(session: Session, sessions: int = 1, world: int | None = None, *, now: float | None = None,
+def report_of(incarnation: Incarnation, incarnations: int = 1, world: int | None = None, *, now: float | None = None,
               stuck_after_s: float = 120.0, ratio: float = 1.5, min_s: float = 0.5, window: int = 4) -> TraceReport:
-    """:func:`analyse` of one parsed session."""
-    world = world or session.world or (1 + max((r for c in session.collectives.values() for r in c.enter), default=0))
+    """:func:`analyse` of one parsed incarnation."""
+    world = world or incarnation.world or (1 + max((r for c in incarnation.collectives.values() for r in c.enter), default=0))
     stats = {r: RankStats(r) for r in range(world)}
     orders: dict[int, list[int]] = defaultdict(list)
     moved: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # rank -> [bytes, seconds] of all-reduces
     step_compute: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     complete = []
-    for seq in sorted(session.collectives):
-        c = session.collectives[seq]
+    for seq in sorted(incarnation.collectives):
+        c = incarnation.collectives[seq]
         for r, t in c.enter.items():
             s = stats.setdefault(r, RankStats(r))
             s.collectives += 1
@@ -333,38 +333,38 @@ def report_of(session: Session, sessions: int = 1, world: int | None = None, *, 
         if moved[r][1] > 0:
             s.allreduce_mb_s = moved[r][0] / moved[r][1] / 1e6
     return TraceReport(
-        session=session.id,
-        sessions=sessions,
+        incarnation=incarnation.id,
+        incarnations=incarnations,
         world=world,
-        steps=sorted({c.step for c in session.collectives.values()}),
-        collectives=len(session.collectives),
+        steps=sorted({c.step for c in incarnation.collectives.values()}),
+        collectives=len(incarnation.collectives),
         ranks=[stats[r] for r in sorted(stats)],
         step_compute={k: dict(v) for k, v in step_compute.items()},
         slow=_straggler([c for c in complete if c.step > 0], step_compute, world, window, ratio, min_s),
-        stuck=_stuck(session, world, time.time() if now is None else now, stuck_after_s),
+        stuck=_stuck(incarnation, world, time.time() if now is None else now, stuck_after_s),
     )
 
 
 def analyse(trace_dir: str | Path, world: int | None = None, *, now: float | None = None, stuck_after_s: float = 120.0,
             ratio: float = 1.5, min_s: float = 0.5, window: int = 4) -> TraceReport:
-    """The newest session of ``trace_dir``: per-rank statistics, the slow rank and the stuck
+    """The newest incarnation of ``trace_dir``: per-rank statistics, the slow rank and the stuck
     rank by the module's rules (``world`` default: from the trace; ``now`` default: the
     clock). InputError when the directory holds no trace."""
     reader = TraceReader(trace_dir)
-    session = reader.read()
-    if session is None:
+    incarnation = reader.read()
+    if incarnation is None:
         raise InputError(f"{trace_dir}: no collective trace (rank*.jsonl) here; runs with runtime.trainer_ranks > 1 "
                          "and runtime.trace_collectives=true write one")
-    return report_of(session, len(reader.sessions), world, now=now, stuck_after_s=stuck_after_s, ratio=ratio,
+    return report_of(incarnation, len(reader.incarnations), world, now=now, stuck_after_s=stuck_after_s, ratio=ratio,
                      min_s=min_s, window=window)
 
 
 def format_table(report: TraceReport) -> str:
     """The report as text for ``reasonrl trace RUN_DIR``: one row per rank and a line naming
     the outliers (or "no outlier")."""
-    earlier = f"; {report.sessions - 1} earlier session(s)" if report.sessions > 1 else ""
+    earlier = f"; {report.incarnations - 1} earlier incarnation(s)" if report.incarnations > 1 else ""
     steps = f"steps {report.steps[0]}-{report.steps[-1]}" if report.steps else "no steps"
-    lines = [f"collective trace, session {report.session}: {report.world} ranks, {steps}, "
+    lines = [f"collective trace, incarnation {report.incarnation}: {report.world} ranks, {steps}, "
              f"{report.collectives} collectives{earlier}",
              f"{'rank':>4} {'collectives':>11} {'wait_s':>9} {'mean_order':>10} {'times_last':>10} "
              f"{'compute_s':>10} {'MB':>10} {'allreduce_MB/s':>14}"]
@@ -428,10 +428,10 @@ class RankMonitor:
         return {"kind": kind, **fields}
 
     def _report(self, stuck_after_s: float) -> TraceReport | None:
-        session = self.reader.read()
-        if session is None:
+        incarnation = self.reader.read()
+        if incarnation is None:
             return None
-        return report_of(session, 1, self.world, stuck_after_s=stuck_after_s, ratio=self.ratio, min_s=self.min_s,
+        return report_of(incarnation, 1, self.world, stuck_after_s=stuck_after_s, ratio=self.ratio, min_s=self.min_s,
                          window=self.window)
 
     def after_step(self, step: int) -> Found:

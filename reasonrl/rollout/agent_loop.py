@@ -12,8 +12,8 @@ trajectories from one initial state. Its trajectory is::
 
 Every id is kept as it was sampled or encoded, never re-tokenised from text: the prompt ids
 given are the trajectory's start (the reset observation's text is not used), each turn is the
-backend session's sampled ids (:meth:`~reasonrl.rollout.hf.Session.generate_turn`), each
-observation is appended to the session as ids (:meth:`~reasonrl.rollout.hf.Session.extend`:
+backend continuation's sampled ids (:meth:`~reasonrl.rollout.hf.Continuation.generate_turn`), each
+observation is appended to the continuation as ids (:meth:`~reasonrl.rollout.hf.Continuation.extend`:
 the fast backend feeds them into the key/value cache without encoding the prefix again). The
 text the environment sees is the turn's ids decoded with special tokens skipped.
 
@@ -27,7 +27,7 @@ environment (an ``EnvFailure`` at reset or step) ends that episode only, as fail
 action mask is zeroed (never trained), its return is 0 and ``error`` its message.
 
 With ``B`` rows and ``S = pool.size`` slots, episodes run in waves of ``S`` rows (rounded
-down to whole groups when ``S >= n``), each wave one session; ``reset_many`` gets one seed per
+down to whole groups when ``S >= n``), each wave one continuation; ``reset_many`` gets one seed per
 row of the wave (slots ``0 .. w-1``) and ``step_many`` one action per slot (None: inactive).
 """
 
@@ -40,7 +40,7 @@ import torch
 
 from reasonrl.config import EnvConfig
 from reasonrl.errors import InputError
-from reasonrl.rollout.hf import Session, Turn, draw_seed, eos_tuple, pad_prompts
+from reasonrl.rollout.hf import Continuation, Turn, draw_seed, eos_tuple, pad_prompts
 from reasonrl.types import RolloutBatch, SamplingParams
 
 SYSTEM_PLACEHOLDER = {"role": "system", "content": ""}
@@ -149,11 +149,11 @@ def unpack(result: Any, size: int, slot: int) -> tuple[tuple | None, str]:
 
 
 class AgentLoop:
-    """Generates multi-turn episodes with a backend's session and an environment pool (see
+    """Generates multi-turn episodes with a backend's continuation and an environment pool (see
     the module docstring).
 
     ``backend``: a FastGenerator or HFGenerator (anything with ``model`` and ``start(prompts,
-    n, capacity, eos_ids) -> Session``: capacity ``env.max_tokens``); ``pool``: an EnvPool (``size``, ``reset_many``, ``step_many``);
+    n, capacity, eos_ids) -> Continuation``: capacity ``env.max_tokens``); ``pool``: an EnvPool (``size``, ``reset_many``, ``step_many``);
     ``tokenizer``: the policy's (decodes turns, encodes observations: :func:`observation_ids`);
     turns end on any of ``eos_ids``; responses are padded with ``pad_id``.
     """
@@ -164,7 +164,7 @@ class AgentLoop:
     def __init__(self, backend: Any, pool: Any, tokenizer: Any, env_cfg: EnvConfig, eos_ids: int | Sequence[int],
                  pad_id: int) -> None:
         if not hasattr(backend, "start"):
-            raise InputError(f"env.name = {env_cfg.name!r}: multi-turn episodes need a rollout backend with sessions "
+            raise InputError(f"env.name = {env_cfg.name!r}: multi-turn episodes need a rollout backend with continuations "
                              f"(rollout.backend=fast or hf, rollout.interrupt=false); got {type(backend).__name__}")
         if pool.size < 1:
             raise ValueError(f"pool.size: expected at least one environment slot, got {pool.size}")
@@ -214,15 +214,15 @@ class AgentLoop:
         size = self.pool.size // n * n if self.pool.size >= n else self.pool.size
         return [(lo, min(lo + size, B)) for lo in range(0, B, size)]
 
-    def _session(self, prompts: list[list[int]], n: int, lo: int, hi: int) -> Session:
-        """The session of rows ``lo .. hi - 1`` (each distinct prompt encoded once when they are whole groups)."""
+    def _continuation(self, prompts: list[list[int]], n: int, lo: int, hi: int) -> Continuation:
+        """The continuation of rows ``lo .. hi - 1`` (each distinct prompt encoded once when they are whole groups)."""
         if lo % n == 0 and hi % n == 0:
             return self.backend.start(prompts[lo // n : hi // n], n, self.cfg.max_tokens, self.eos_ids)
         return self.backend.start([prompts[r // n] for r in range(lo, hi)], 1, self.cfg.max_tokens, self.eos_ids)
 
     def _wave(self, prompts, n, seeds, lo: int, hi: int, params: SamplingParams, rng: torch.Generator) -> list[Episode]:
         """The episodes of rows ``lo .. hi - 1`` on pool slots ``0 .. hi - lo - 1``."""
-        session = self._session(prompts, n, lo, hi)
+        continuation = self._continuation(prompts, n, lo, hi)
         episodes = [Episode() for _ in range(lo, hi)]
         resets = self.pool.reset_many([seeds[r // n] for r in range(lo, hi)])
         live = []
@@ -231,10 +231,10 @@ class AgentLoop:
             if not episode.failed:
                 live.append(slot)
         while live:
-            live = self._turn(session, episodes, live, params, rng)
+            live = self._turn(continuation, episodes, live, params, rng)
         return episodes
 
-    def _turn(self, session: Session, episodes: list[Episode], live: list[int], params: SamplingParams,
+    def _turn(self, continuation: Continuation, episodes: list[Episode], live: list[int], params: SamplingParams,
               rng: torch.Generator) -> list[int]:
         """One turn of the ``live`` slots: sample, step, append the observations that fit; the slots still live."""
         limits = {k: min(params.max_new_tokens, self.cfg.max_tokens - len(episodes[k].ids)) for k in live}
@@ -244,7 +244,7 @@ class AgentLoop:
         if not live:
             return []
         actions: list[str | None] = [None] * self.pool.size
-        for k, turn in zip(live, session.generate_turn(live, params, rng, [limits[k] for k in live])):
+        for k, turn in zip(live, continuation.generate_turn(live, params, rng, [limits[k] for k in live])):
             episodes[k].add_turn(turn)
             actions[k] = self.tokenizer.decode(turn.tokens, skip_special_tokens=True)
         results = self.pool.step_many(actions)
@@ -256,7 +256,7 @@ class AgentLoop:
                 going.append(k)
                 observations.append(ids)
         if going:
-            session.extend(going, observations)
+            continuation.extend(going, observations)
         return going
 
     def _step(self, episode: Episode, result: Any, slot: int) -> list[int] | None:

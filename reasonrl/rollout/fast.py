@@ -18,7 +18,7 @@ prompt group as soon as all its ``n`` samples have ended, and may stop the loop 
 (the unfinished groups are then aborted): the building block of dynamic sampling that
 generates nothing it will throw away (:mod:`reasonrl.rollout.scheduler`).
 
-:meth:`FastGenerator.start` opens a :class:`FastSession` for multi-turn rollouts: turns of
+:meth:`FastGenerator.start` opens a :class:`FastContinuation` for multi-turn rollouts: turns of
 the policy and environment tokens appended in between, over one cache, the prefix never
 encoded again (:mod:`reasonrl.rollout.agent_loop`).
 
@@ -38,7 +38,7 @@ from reasonrl.decoder import KVCache, LeanDecoder
 from reasonrl.errors import InputError
 from reasonrl.rollout.base import copy_weights
 from reasonrl.rollout.hf import (
-    Session,
+    Continuation,
     Turn,
     assemble,
     collect_turns,
@@ -387,15 +387,15 @@ class FastGenerator:
 
     def start(
         self, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int] | None = None
-    ) -> "FastSession":
-        """A :class:`FastSession` of ``n`` rows per prompt, at most ``capacity`` tokens after
-        each prompt, turns ending on any of ``eos_ids`` (default: the backend's). Sessions
+    ) -> "FastContinuation":
+        """A :class:`FastContinuation` of ``n`` rows per prompt, at most ``capacity`` tokens after
+        each prompt, turns ending on any of ``eos_ids`` (default: the backend's). Continuations
         run the eager loop, on CUDA too (no CUDA graph: rows advance at their own pace)."""
-        return FastSession(self, prompts, n, capacity, self.eos_ids if eos_ids is None else eos_ids)
+        return FastContinuation(self, prompts, n, capacity, self.eos_ids if eos_ids is None else eos_ids)
 
 
-class FastSession(Session):
-    """A :class:`~reasonrl.rollout.hf.Session` over one key/value cache: each distinct prompt
+class FastContinuation(Continuation):
+    """A :class:`~reasonrl.rollout.hf.Continuation` over one key/value cache: each distinct prompt
     is encoded once (:meth:`FastGenerator._prefill`), then every token once: a turn feeds one
     token per live row and step, :meth:`extend` each row's tokens as one ragged chunk
     (:meth:`~reasonrl.decoder.LeanDecoder.extend`, per-row rotary positions and key mask);
@@ -405,10 +405,10 @@ class FastSession(Session):
     then every token fed since, packed from slot ``P`` (``fill[r]``: slots written), so
     rows advance at their own pace; ``P + capacity`` slots are allocated at the start and
     never grown. A turn's last token is fed with the row's next extension or turn
-    (``pending``). A turn works on a copy of its rows' cache (on the session's own when
+    (``pending``). A turn works on a copy of its rows' cache (on the continuation's own when
     every row takes part), dropping the rows that ended once at most ``COMPACT_AT`` of them
     is live, and copies the slots it wrote back. Always the eager loop, on CUDA too: a
-    session never captures CUDA graphs (its rows advance at their own pace).
+    continuation never captures CUDA graphs (its rows advance at their own pace).
     """
 
     def __init__(
@@ -428,7 +428,7 @@ class FastSession(Session):
         """Each row's last sampled token, not fed yet (the logits of such a row are stale)."""
 
     def _work(self, rows: list[int]) -> tuple[torch.Tensor, bool, KVCache]:
-        """``(rows as a tensor, own, cache)``: the session's cache when ``rows`` are all its
+        """``(rows as a tensor, own, cache)``: the continuation's cache when ``rows`` are all its
         rows in order (``own``), else a copy of theirs."""
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         own = rows == list(range(self.size))

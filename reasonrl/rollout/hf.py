@@ -1,12 +1,12 @@
 """The reference rollout backend: ``transformers`` ``model.generate``; for multi-turn
-rollouts, :meth:`HFGenerator.start` opens an :class:`HFSession` (the ``transformers``
+rollouts, :meth:`HFGenerator.start` opens an :class:`HFContinuation` (the ``transformers``
 forward over the whole token sequence each turn).
 
 Also holds the helpers every backend shares: :func:`pad_prompts` (repeat and
 left-pad the prompts), :func:`assemble` (turn generated tokens and their raw
 logits into a :class:`~reasonrl.types.RolloutBatch`), :func:`eos_tuple` / :func:`is_eos`
 (a sample ends on any of the model's EOS ids, :func:`~reasonrl.data.model.load_eos_ids`),
-:func:`sample` (one token per row from logits) and the :class:`Session` protocol of
+:func:`sample` (one token per row from logits) and the :class:`Continuation` protocol of
 multi-turn continuation (token ids in, token ids out).
 """
 
@@ -151,7 +151,7 @@ def sample(
 
 
 class Turn(NamedTuple):
-    """One policy turn of one row of a session (:class:`Session`)."""
+    """One policy turn of one row of a continuation (:class:`Continuation`)."""
 
     tokens: list[int]
     """The sampled ids, the EOS included when the turn ended on one."""
@@ -190,7 +190,7 @@ def inference(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-class Session(ABC):
+class Continuation(ABC):
     """Token sequences continued turn by turn, token ids in and out (multi-turn rollouts).
 
     Row ``i * n + j`` starts as prompt ``i``. :meth:`generate_turn` samples one turn for
@@ -198,7 +198,7 @@ class Session(ABC):
     them; :meth:`extend` appends given tokens (an environment's) to some rows. Nothing is
     ever re-tokenised. A row's trajectory after its prompt (its turns and what it was
     extended with) holds at most ``capacity`` tokens: a turn limit or an extension past it
-    is a ValueError. A session samples with the weights it started with. Subclasses
+    is a ValueError. A continuation samples with the weights it started with. Subclasses
     implement ``_turn`` and ``_extend``.
     """
 
@@ -248,14 +248,14 @@ class Session(ABC):
             self.used[r] += len(tokens)
 
     def _check(self, rows: Sequence[int], added: list[int], name: str) -> None:
-        """ValueError unless ``rows`` are distinct rows of the session, one count each, within capacity."""
+        """ValueError unless ``rows`` are distinct rows of the continuation, one count each, within capacity."""
         if len(added) != len(rows) or len(set(rows)) != len(rows) or any(not 0 <= r < self.size for r in rows):
             raise ValueError(f"rows: expected distinct rows in 0..{self.size - 1}, one {name} each; got {list(rows)}")
         over = [r for r, k in zip(rows, added) if k < 0 or self.used[r] + k > self.capacity]
         if over:
             r = over[0]
             raise ValueError(f"{name}: row {r} holds {self.used[r]} tokens after its prompt; adding "
-                             f"{added[rows.index(r)]} exceeds the session's capacity of {self.capacity}")
+                             f"{added[rows.index(r)]} exceeds the continuation's capacity of {self.capacity}")
 
     @abstractmethod
     def _turn(
@@ -268,8 +268,8 @@ class Session(ABC):
         """Append ``token_lists[k]`` to row ``rows[k]`` (checked)."""
 
 
-class HFSession(Session):
-    """The reference :class:`Session`: each turn runs the ``transformers`` forward over each
+class HFContinuation(Continuation):
+    """The reference :class:`Continuation`: each turn runs the ``transformers`` forward over each
     row's whole token sequence (left-padded, position ids counted from the first real
     token), then decodes with that forward's key/value cache; sampling is :func:`sample`'s."""
 
@@ -384,7 +384,7 @@ class HFGenerator:
         logprobs = torch.log_softmax(logits, -1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
         return assemble(prompt_ids, prompt_mask, response_ids, logprobs, n, self.pad_id, self.eos_ids)
 
-    def start(self, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int] | None = None) -> HFSession:
-        """A :class:`HFSession` of ``n`` rows per prompt, at most ``capacity`` tokens after
+    def start(self, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int] | None = None) -> HFContinuation:
+        """A :class:`HFContinuation` of ``n`` rows per prompt, at most ``capacity`` tokens after
         each prompt, turns ending on any of ``eos_ids`` (default: the backend's)."""
-        return HFSession(self.model, prompts, n, capacity, self.eos_ids if eos_ids is None else eos_ids, self.pad_id)
+        return HFContinuation(self.model, prompts, n, capacity, self.eos_ids if eos_ids is None else eos_ids, self.pad_id)

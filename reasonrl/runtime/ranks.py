@@ -5,7 +5,7 @@
     weights = group.first("weights")                             # rank 0's answer
 
 ``launch(rank)`` builds the WorkerGroup of one rank (a worker with ``connect(init_method,
-session)``, such as :class:`~reasonrl.workers.trainer_rank.TrainerRank`): a
+incarnation)``, such as :class:`~reasonrl.workers.trainer_rank.TrainerRank`): a
 :class:`~reasonrl.runtime.group.LocalGroup` for a rank in this process (rank 0 beside the
 controller, so the synchronous rollout can share its module), a
 :class:`~reasonrl.runtime.process.ProcessGroup` for a rank in a child process, or a Ray actor
@@ -40,7 +40,7 @@ class RankGroup:
     collective timed out (:class:`~reasonrl.train.distributed.CollectiveTimeout`); a rank whose
     process died makes it a :class:`~reasonrl.runtime.group.WorkerDied`. After such a failure
     the ranks' process group is unusable: :meth:`close` then kills the rank processes, and a
-    new RankGroup (the restarted run) starts fresh. ``session`` names this group in the trace.
+    new RankGroup (the restarted run) starts fresh. ``incarnation`` names this group in the trace.
     """
 
     def __init__(self, launch: Callable[[int], WorkerGroup], world: int, *, timeout_s: float,
@@ -48,7 +48,7 @@ class RankGroup:
         if world < 1:
             raise ValueError(f"RankGroup {name}: world={world}; expected >= 1")
         self.name, self.size, self.timeout_s = name, world, timeout_s
-        self.session = uuid.uuid4().hex[:12]
+        self.incarnation = uuid.uuid4().hex[:12]
         self.broken = False
         with ThreadPoolExecutor(world, thread_name_prefix=f"reasonrl-{name}-launch") as pool:
             launched = [pool.submit(launch, rank) for rank in range(world)]
@@ -60,7 +60,7 @@ class RankGroup:
             self.close()
             raise failed
         try:
-            self.pids = self.call("connect", init_method or loopback_init_method(), self.session)
+            self.pids = self.call("connect", init_method or loopback_init_method(), self.incarnation)
         except BaseException:
             self.close()
             raise

@@ -2,7 +2,7 @@
 mini-batch among the ranks, the gradient all-reduce, and the record of every collective.
 
     dp = DataParallel.connect(rank, world, "tcp://127.0.0.1:29511", timeout_s=120, device="cpu",
-                              recorder=TraceWriter(run_dir / "trace", rank, world, session))
+                              recorder=TraceWriter(run_dir / "trace", rank, world, incarnation))
     dp.begin(step, "update")                          # a call of the step starts (traced)
     own = dp.own(rows, lengths)                       # this rank's rows of a global mini-batch
     loss = dp.reduce_gradients(params, local_loss)    # one SUM all-reduce per dtype
@@ -29,13 +29,13 @@ Tracing: every collective goes through :meth:`DataParallel.traced`, which calls 
 JSON lines per collective to ``trace_dir/rank<R>.jsonl``, each flushed as it is written, so a
 rank stuck in (or before) a collective leaves its last ``enter`` line (or none) on disk::
 
-    {"ev": "begin", "session", "rank", "world", "step", "call", "t", "mono"}   a call starts
-    {"ev": "enter", "session", "rank", "seq", "op", "what", "bytes", "step", "t", "mono"}
-    {"ev": "exit",  "session", "rank", "seq", "t", "mono"[, "error"]}
+    {"ev": "begin", "incarnation", "rank", "world", "step", "call", "t", "mono"}   a call starts
+    {"ev": "enter", "incarnation", "rank", "seq", "op", "what", "bytes", "step", "t", "mono"}
+    {"ev": "exit",  "incarnation", "rank", "seq", "t", "mono"[, "error"]}
 
 ``t`` is ``time.time()`` (comparable across the ranks of a machine, and across machines with
 synchronised clocks), ``mono`` ``time.monotonic()`` (durations within a rank). ``seq`` counts
-the rank's collectives from 1 in its ``session`` (one process group's life); all ranks issue
+the rank's collectives from 1 in its ``incarnation`` (one process group's life); all ranks issue
 the same collectives in the same order, so equal ``seq`` is the same collective.
 :mod:`reasonrl.resilience.collectives` reads the files.
 """
@@ -121,18 +121,18 @@ class Recorder:
 
 class TraceWriter(Recorder):
     """Appends rank ``rank``'s records to ``trace_dir/rank<rank>.jsonl`` (the module docstring's
-    format), one line each, flushed as written; ``session`` tells this process group's records
+    format), one line each, flushed as written; ``incarnation`` tells this process group's records
     from those of earlier ones (a restarted run appends to the same files)."""
 
-    def __init__(self, trace_dir: str | Path, rank: int, world: int, session: str) -> None:
+    def __init__(self, trace_dir: str | Path, rank: int, world: int, incarnation: str) -> None:
         self.path = Path(trace_dir) / f"rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.rank, self.world, self.session = rank, world, session
+        self.rank, self.world, self.incarnation = rank, world, incarnation
         self.step = 0
         self._file = open(self.path, "a", encoding="utf-8", buffering=1)
 
     def _write(self, record: dict[str, Any]) -> None:
-        record.update(session=self.session, rank=self.rank, t=time.time(), mono=time.monotonic())
+        record.update(incarnation=self.incarnation, rank=self.rank, t=time.time(), mono=time.monotonic())
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
         self._file.flush()
 

@@ -1,7 +1,7 @@
 """A data-parallel trainer rank: a PolicyWorker that belongs to a process group.
 
     rank = TrainerRank(cfg, model_dir, rank=1, world=2, trace_dir=run_dir / "trace")
-    rank.connect("tcp://127.0.0.1:29511", session)   # on every rank at once (a collective)
+    rank.connect("tcp://127.0.0.1:29511", incarnation)   # on every rank at once (a collective)
     metrics = rank.update(batch, lr, step=7)          # every rank, the whole batch: its share
 
 Every method is called on every rank with the same arguments (the runtime's
@@ -75,14 +75,14 @@ class TrainerRank(PolicyWorker):
         self._forward: torch.nn.Module = self.module
 
     # ------------------------------------------------------------------ the group
-    def connect(self, init_method: str, session: str) -> int:
+    def connect(self, init_method: str, incarnation: str) -> int:
         """Join the process group at ``init_method`` (every rank at once), bounded by
         ``runtime.collective_timeout_s``; then ddp broadcasts rank 0's parameters (traced) and
-        fsdp shards the module. ``session`` names this group's records in the trace.
+        fsdp shards the module. ``incarnation`` names this group's records in the trace.
         Returns this process's id."""
         rt = self.cfg.runtime
         traced = rt.trace_collectives and self.trace_dir is not None
-        recorder = TraceWriter(self.trace_dir, self.rank, self.world, session) if traced else Recorder()
+        recorder = TraceWriter(self.trace_dir, self.rank, self.world, incarnation) if traced else Recorder()
         self.dp = DataParallel.connect(self.rank, self.world, init_method, rt.collective_timeout_s, self.cfg.run.device,
                                        recorder, self.cfg.train.strategy)
         self.dp.begin(0, "connect")

@@ -1,4 +1,4 @@
-"""AgentLoop and the backends' sessions: multi-turn trajectories are the ids sampled and encoded.
+"""AgentLoop and the backends' continuations: multi-turn trajectories are the ids sampled and encoded.
 
 The environment is scripted (:class:`ScriptedPool`, the EnvPool interface duck-typed); the
 policy is the tiny Qwen2 of ``test_rollout_hf`` (vocabulary 48: the character tokenizer's
@@ -89,7 +89,7 @@ class ScriptedPool:
 
 
 class Recorder:
-    """A backend whose sessions record, per row, every turn sampled and every extension."""
+    """A backend whose continuations record, per row, every turn sampled and every extension."""
 
     def __init__(self, backend) -> None:
         self.backend, self.model, self.trainer_numerics = backend, backend.model, backend.trainer_numerics
@@ -97,12 +97,12 @@ class Recorder:
         self.extended: dict[int, list[list[int]]] = {}
 
     def start(self, prompts, n, capacity, eos_ids):
-        session = self.backend.start(prompts, n, capacity, eos_ids)
+        continuation = self.backend.start(prompts, n, capacity, eos_ids)
         recorder = self
 
         class Recording:
             def generate_turn(self, rows, params, generator, limits):
-                turns = session.generate_turn(rows, params, generator, limits)
+                turns = continuation.generate_turn(rows, params, generator, limits)
                 for r, turn in zip(rows, turns):
                     recorder.turns.setdefault(r, []).append(turn)
                 return turns
@@ -110,7 +110,7 @@ class Recorder:
             def extend(self, rows, token_lists):
                 for r, tokens in zip(rows, token_lists):
                     recorder.extended.setdefault(r, []).append(list(tokens))
-                session.extend(rows, token_lists)
+                continuation.extend(rows, token_lists)
 
         return Recording()
 
@@ -184,7 +184,7 @@ def test_fast_and_hf_continuations_agree(model, params):
     assert fast.episodes == hf.episodes
 
 
-def test_sessions_continue_ragged_rows_alike_without_encoding_the_prefix_again():
+def test_continuations_continue_ragged_rows_alike_without_encoding_the_prefix_again():
     # Rows of different lengths, turns of different limits, rows leaving at different turns.
     model = tiny_qwen2(trigger_bias=30.0)
     prompts = [[3, 9, 14], [7, 2, 30, 41, TRIGGER], [22, 8]]
@@ -193,13 +193,13 @@ def test_sessions_continue_ragged_rows_alike_without_encoding_the_prefix_again()
     runs = []
     for backend in (FastGenerator(model, PAD, EOS), HFGenerator(model, PAD, EOS)):
         widths.clear()
-        session = backend.start(prompts, 2, 40)
+        continuation = backend.start(prompts, 2, 40)
         rng = torch.Generator().manual_seed(7)
-        turns = [session.generate_turn(range(6), SAMPLE, rng, [5, 3, 7, 1, 6, 2])]
-        session.extend([0, 2, 3, 5], [[7, 8, 9], [10], [], [11, 12, 13, 14]])
-        turns.append(session.generate_turn([0, 1, 2, 5], SAMPLE, rng, 6))
-        session.extend([1, 5], [[20, 21], [22]])
-        turns.append(session.generate_turn([1, 5], SAMPLE, rng, [8, 3]))
+        turns = [continuation.generate_turn(range(6), SAMPLE, rng, [5, 3, 7, 1, 6, 2])]
+        continuation.extend([0, 2, 3, 5], [[7, 8, 9], [10], [], [11, 12, 13, 14]])
+        turns.append(continuation.generate_turn([0, 1, 2, 5], SAMPLE, rng, 6))
+        continuation.extend([1, 5], [[20, 21], [22]])
+        turns.append(continuation.generate_turn([1, 5], SAMPLE, rng, [8, 3]))
         runs.append((turns, list(widths)))
     (fast, fast_widths), (hf, _) = runs
     assert [[t.tokens for t in turn] for turn in fast] == [[t.tokens for t in turn] for turn in hf]
@@ -210,7 +210,7 @@ def test_sessions_continue_ragged_rows_alike_without_encoding_the_prefix_again()
     assert fast_widths[0] == (3, 5)  # one prefill of the distinct prompts
     assert max(w for _, w in fast_widths[1:]) == 5  # then chunks only: a turn's pending token and an extension
     with pytest.raises(ValueError, match="capacity of 40"):
-        session.extend([0], [[4] * 40])
+        continuation.extend([0], [[4] * 40])
 
 
 def test_turn_and_token_budgets_truncate():
@@ -312,9 +312,9 @@ def test_observation_ids_render_a_new_message_without_the_template_head():
     assert observation_ids(chatml, "hi") == ids("\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_a_backend_without_sessions_is_an_input_error():
-    class NoSessions:
+def test_a_backend_without_continuations_is_an_input_error():
+    class NoContinuations:
         trainer_numerics = False
 
     with pytest.raises(Exception, match="rollout.backend=fast or hf"):
-        AgentLoop(NoSessions(), ScriptedPool(2), TOK, env(), EOS, PAD)
+        AgentLoop(NoContinuations(), ScriptedPool(2), TOK, env(), EOS, PAD)

@@ -64,11 +64,11 @@ class Traces:
     """Hand-written trace files of ``world`` ranks: per step a ``begin``, a gradient all-reduce
     entered after each rank's compute, then a metrics all-reduce."""
 
-    def __init__(self, trace_dir, world: int, session: str = "s1", t0: float = T0) -> None:
-        self.dir, self.world, self.session, self.t, self.seq = trace_dir, world, session, t0, 0
+    def __init__(self, trace_dir, world: int, incarnation: str = "s1", t0: float = T0) -> None:
+        self.dir, self.world, self.incarnation, self.t, self.seq = trace_dir, world, incarnation, t0, 0
 
     def line(self, rank: int, **record) -> None:
-        record.update(session=self.session, rank=rank, mono=record["t"] - T0)
+        record.update(incarnation=self.incarnation, rank=rank, mono=record["t"] - T0)
         with open(self.dir / f"rank{rank}.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -149,12 +149,12 @@ def test_the_rank_that_never_entered_the_newest_collective_is_stuck(tmp_path):
     assert format_table(report).splitlines()[-1] == line
 
 
-def test_the_newest_session_is_analysed_and_earlier_ones_counted(tmp_path):
-    Traces(tmp_path, 2, session="old").run(range(1, 6), late={1: 1.0})
-    Traces(tmp_path, 2, session="new", t0=T0 + 1000).run(range(1, 6))
+def test_the_newest_incarnation_is_analysed_and_earlier_ones_counted(tmp_path):
+    Traces(tmp_path, 2, incarnation="old").run(range(1, 6), late={1: 1.0})
+    Traces(tmp_path, 2, incarnation="new", t0=T0 + 1000).run(range(1, 6))
     report = analyse(tmp_path, now=T0 + 2000)
-    assert report.session == "new" and report.sessions == 2 and report.slow is None
-    assert "1 earlier session(s)" in format_table(report)
+    assert report.incarnation == "new" and report.incarnations == 2 and report.slow is None
+    assert "1 earlier incarnation(s)" in format_table(report)
 
 
 def test_no_trace_is_an_input_error(tmp_path):
@@ -163,21 +163,21 @@ def test_no_trace_is_an_input_error(tmp_path):
 
 
 def test_the_writer_flushes_each_line_and_the_reader_waits_for_a_partial_one(tmp_path):
-    writer = TraceWriter(tmp_path, rank=1, world=2, session="abc")
+    writer = TraceWriter(tmp_path, rank=1, world=2, incarnation="abc")
     writer.begin(3, "update")
     writer.enter(1, "all_reduce", "grads", 128)
     lines = (tmp_path / "rank1.jsonl").read_text().splitlines()  # on disk before exit: a hang leaves it
     assert [json.loads(x)["ev"] for x in lines] == ["begin", "enter"]
     assert json.loads(lines[1]) | {"t": 0, "mono": 0} == {"ev": "enter", "seq": 1, "op": "all_reduce", "what": "grads",
-                                                          "bytes": 128, "step": 3, "session": "abc", "rank": 1, "t": 0, "mono": 0}
+                                                          "bytes": 128, "step": 3, "incarnation": "abc", "rank": 1, "t": 0, "mono": 0}
     reader = TraceReader(tmp_path)
-    session = reader.read()
-    assert session.world == 2 and session.collectives[1].enter.keys() == {1} and not session.collectives[1].exit
+    incarnation = reader.read()
+    assert incarnation.world == 2 and incarnation.collectives[1].enter.keys() == {1} and not incarnation.collectives[1].exit
     with open(tmp_path / "rank1.jsonl", "a", encoding="utf-8") as f:
         f.write('{"ev": "exit", "se')  # cut mid-line
     assert not reader.read().collectives[1].exit
     with open(tmp_path / "rank1.jsonl", "a", encoding="utf-8") as f:
-        f.write('q": 1, "session": "abc", "rank": 1, "t": 5.0, "mono": 5.0}\n')
+        f.write('q": 1, "incarnation": "abc", "rank": 1, "t": 5.0, "mono": 5.0}\n')
     assert reader.read().collectives[1].exit == {1: 5.0}
     writer.exit(2, error="RuntimeError: boom")
     writer.close()
@@ -231,8 +231,8 @@ class FakeRank:
     def __init__(self, rank: int, outcome: dict[int, Exception]) -> None:
         self.rank, self.outcome, self.closed = rank, outcome, False
 
-    def connect(self, init_method: str, session: str) -> int:
-        assert init_method.startswith("tcp://127.0.0.1:") and len(session) == 12
+    def connect(self, init_method: str, incarnation: str) -> int:
+        assert init_method.startswith("tcp://127.0.0.1:") and len(incarnation) == 12
         return 1000 + self.rank
 
     def work(self, x: int) -> int:

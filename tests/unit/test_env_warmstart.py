@@ -21,7 +21,7 @@ from reasonrl.env.pool import EnvPool
 from reasonrl.env.splits import HELD_OUT_SEED
 from reasonrl.errors import InputError
 from reasonrl.rollout.agent_loop import AgentLoop
-from reasonrl.rollout.hf import Session, Turn
+from reasonrl.rollout.hf import Continuation, Turn
 from reasonrl.types import SamplingParams
 
 TOK = build_char_tokenizer()
@@ -54,7 +54,7 @@ def test_a_guessed_number_is_left_out_of_the_labels():
     assert labels == [-100] * prompt + ids("Answer: ") + [-100] * number + [EOS]
 
 
-class ScriptedSession(Session):
+class ScriptedContinuation(Continuation):
     """Each row's turns are the given token lists, in order (cut at the turn's limit)."""
 
     def __init__(self, prompts, n, capacity, eos_ids, pad_id, scripts):
@@ -73,7 +73,7 @@ class ScriptedSession(Session):
 
 
 class ScriptedBackend:
-    """A backend whose sessions replay scripted turns (the demonstrations' actions)."""
+    """A backend whose continuations replay scripted turns (the demonstrations' actions)."""
 
     trainer_numerics = True
 
@@ -82,7 +82,7 @@ class ScriptedBackend:
         self.scripts = scripts
 
     def start(self, prompts, n, capacity, eos_ids=None):
-        return ScriptedSession(prompts, n, capacity, eos_ids or (EOS,), PAD, self.scripts)
+        return ScriptedContinuation(prompts, n, capacity, eos_ids or (EOS,), PAD, self.scripts)
 
 
 @pytest.mark.parametrize("name, args, mix", [("grid", {}, 1.0), ("grid", {}, 0.3),

@@ -15,7 +15,9 @@ runs only them. In order:
    the packages of ``run.loggers`` import;
 4. the model: ``model.path`` is a Hugging Face model directory with a tokenizer, or the
    embedded warm start (cached, or trained first);
-5. ``run.device`` is usable with this torch build;
+5. ``run.device`` is usable with this torch build, and the tokenizer of a model directory reloads
+   as ``final/`` will be reloaded (plain AutoTokenizer of the saved tokenizer tokenises as training
+   does; :func:`~reasonrl.checkpoint.export.check_tokenizer_exports`);
 6. the context: every prompt (in tokens, chat template applied once) fits data.max_prompt_len
    and, plus ``rollout.max_new_tokens``, the model's ``max_position_embeddings``, or is cut or
    dropped by ``data.truncation`` (:func:`~reasonrl.data.splits.tokenize_prompts`, which the
@@ -111,6 +113,10 @@ def preflight(cfg: Config) -> Plan:
 
     check_device(cfg.run.device)
     tokenizer, context = _tokenizer_and_context(model_dir)
+    if model_dir is not None and cfg.model.path != "embedded":
+        from reasonrl.checkpoint.export import check_tokenizer_exports
+
+        check_tokenizer_exports(model_dir, tokenizer)
     from reasonrl.data.splits import tokenize_prompts
 
     train_tokens = tokenize_prompts(train, tokenizer, cfg, context, splits.train_from)

@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,23 @@ def check_tokenizer_reloads(path: Path, tokenizer: PreTrainedTokenizerBase, out:
                 f"{model_type!r}, which tokenises {text!r} as {got} where training gave {want}; the exported "
                 "directory would not tokenise as the policy was trained (save the tokenizer with the class of "
                 "its model type, or use a model type whose AutoTokenizer keeps a generic tokenizer)")
+
+
+def check_tokenizer_exports(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+    """InputError before training when the run's ``final/`` would fail :func:`check_tokenizer_reloads`:
+    ``tokenizer`` saved beside ``model_dir``'s config.json, reloaded with plain AutoTokenizer, must
+    tokenise :data:`PROBES` as ``tokenizer`` does. Writes only to a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="reasonrl-tokenizer-check-") as tmp:
+        shutil.copyfile(model_dir / "config.json", Path(tmp) / "config.json")
+        tokenizer.save_pretrained(tmp)
+        try:
+            check_tokenizer_reloads(Path(tmp), tokenizer, model_dir)
+        except InputError as err:
+            raise InputError(
+                f"model.path={model_dir}: the run would train and then fail writing final/, because "
+                f"{str(err).split(': ', 1)[1]}. Before training, give the model a tokenizer that AutoTokenizer "
+                "reloads unchanged for its model_type (that type's own tokenizer files), or a model type whose "
+                "AutoTokenizer keeps a generic tokenizer.json (llama's does)") from err
 
 
 def _run_config(run_dir: Path) -> Config:

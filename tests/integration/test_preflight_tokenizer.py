@@ -1,0 +1,34 @@
+"""Preflight reloads a model directory's tokenizer the way ``final/`` will be reloaded, before the first step."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from reasonrl.config import load
+from reasonrl.data.tokenizer import build_char_tokenizer
+from reasonrl.errors import InputError
+from reasonrl.preflight import preflight
+
+
+def qwen2_with_own_tokenizer(out):
+    """A qwen2 model directory with a generic (character-level) tokenizer: AutoTokenizer of a qwen2
+    directory builds a Qwen2Tokenizer, which tokenises differently from the tokenizer training uses."""
+    tok = build_char_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id, max_position_embeddings=256)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_a_model_whose_export_would_fail_is_refused_before_training(tmp_path, model_dir):
+    qwen2 = qwen2_with_own_tokenizer(tmp_path / "qwen2")
+    cfg = load(None, [f"model.path={qwen2}", f"run.dir={tmp_path / 'run'}"])
+    with pytest.raises(InputError, match=r"^model\.path=.*qwen2: the run would train and then fail writing final/, "
+                                         r"because AutoTokenizer\.from_pretrained loads a Qwen2Tokenizer"):
+        preflight(cfg)
+    assert not (tmp_path / "run").exists()
+    plan = preflight(load(None, [f"model.path={model_dir}", f"run.dir={tmp_path / 'ok'}"]))  # a llama-typed one passes
+    assert plan.model == str(model_dir)

@@ -59,6 +59,9 @@ OBJECT_STORE_BYTES = 256 * 2**20
 through it; an object larger than what is free spills to disk."""
 
 _LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+JOIN_TIMEOUT_S = 30.0
+"""Seconds a cluster given by address has to answer: a running head answers in a few; a wrong
+address is an input error (exit 2 at once), not a failure a restart would cure."""
 _CONCURRENT = "concurrent"  # concurrency group of the methods named in RayGroup(concurrent=...)
 _CONTROL = "control"  # concurrency group of the host's own pings, answered beside any call
 _PING_S = 5.0
@@ -115,8 +118,11 @@ def connect(runtime_cfg: RuntimeConfig, cpus: int | None = None, *, object_store
     ``cpus`` and ``object_store_bytes`` apply to a cluster started here only. A process
     already connected keeps its connection.
 
-    Raises InputError for an address that no run can use, ConnectionError when the cluster
-    does not answer, WorkerTimeout when starting or joining takes longer than ``timeout_s``,
+    A loopback address (``127.0.0.1:port``, ``localhost:port``) is joined on loopback only.
+
+    Raises InputError for an address that no run can use or whose cluster does not answer
+    within ``min(timeout_s, JOIN_TIMEOUT_S)`` (naming what was tried), WorkerTimeout when
+    starting a local cluster takes longer than ``timeout_s``,
     and RuntimeError when Ray was imported before this call and would listen on a routable
     address.
     """
@@ -127,7 +133,7 @@ def connect(runtime_cfg: RuntimeConfig, cpus: int | None = None, *, object_store
         raise InputError(f"{key} = {address!r}: a Ray Client address; expected the cluster's GCS address "
                          f"host:port (run the trainer on a machine of the cluster), or empty to start a local one")
     local = address in ("", "local")
-    if local and "ray" not in sys.modules:
+    if (local or _loopback_host(address)) and "ray" not in sys.modules:
         os.environ[_LOCAL_ONLY] = "0"
     import ray
 
@@ -145,13 +151,19 @@ def connect(runtime_cfg: RuntimeConfig, cpus: int | None = None, *, object_store
                                            object_store_memory=object_store_bytes, **quiet),
                                  f"ray.init: a local Ray cluster ({cpus} CPUs) did not start", timeout_s)
         return RayCluster(ray.get_runtime_context().gcs_address, started=True, keeper=keeper)
+    join = dict(address=address, **quiet)
+    if _loopback_host(address):
+        join["_node_ip_address"] = "127.0.0.1"  # a loopback head is dialled on loopback, never the routable address
+    tried = f"ray.init({', '.join(f'{k}={v!r}' for k, v in join.items() if k in ('address', '_node_ip_address'))})"
+    hint = (f"start a head there (docs/ray.md: ray start --head --node-ip-address=127.0.0.1 --port=PORT), or leave "
+            f"{key} empty to start a local cluster")
     try:
-        keeper = _init_in_keeper(ray, dict(address=address, **quiet),
-                                 f"ray.init: the Ray cluster at {key}={address!r} did not answer", timeout_s)
+        keeper = _init_in_keeper(ray, join, f"{key} = {address!r}: no Ray cluster answered", min(timeout_s, JOIN_TIMEOUT_S))
     except ValueError as err:
         raise InputError(f"{key} = {address!r}: {err}; expected the cluster's GCS address host:port or auto") from None
-    except ConnectionError as err:
-        raise ConnectionError(f"{key} = {address!r}: could not join the Ray cluster there ({error_line(err)})") from err
+    except (ConnectionError, WorkerTimeout) as err:
+        raise InputError(f"{key} = {address!r}: could not join a Ray cluster there ({error_line(err)}; tried "
+                         f"{tried}); {hint}") from None
     return RayCluster(ray.get_runtime_context().gcs_address, started=False, keeper=keeper)
 
 
@@ -184,6 +196,17 @@ def _init_in_keeper(ray, kwargs: dict, what: str, timeout_s: float) -> threading
         release.set()
         raise outcome[0]
     return release
+
+
+def _loopback_host(address: str) -> bool:
+    """Whether the host of ``host:port`` is a loopback address (``localhost`` counts)."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return _loopback(host)
+    except ValueError:
+        return False
 
 
 def _loopback(ip: str) -> bool:

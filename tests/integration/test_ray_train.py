@@ -12,7 +12,9 @@ import importlib.util
 import os
 import signal
 import subprocess
+import socket
 import sys
+import time
 
 import pytest
 from safetensors.torch import load_file
@@ -79,3 +81,19 @@ def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout
     assert [(e["kind"], e["pid"]) for e in events if e["kind"] in ("rollout_died", "rollout_timeout")] == [("rollout_died", actor)]
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 9))
     _assert_every_prompt_used_once(tmp_path)
+
+
+def test_a_cluster_that_does_not_answer_is_an_input_error_with_no_restart(model_dir, tmp_path):
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, tmp_path / "run", 2),
+                           "runtime.engine=ray", f"runtime.ray_address={address}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert time.monotonic() - began < 60
+    assert f"runtime.ray_address = {address!r}: could not join a Ray cluster there" in proc.stderr
+    assert f"_node_ip_address='127.0.0.1'" in proc.stderr  # a loopback address is dialled on loopback
+    kinds = [e["kind"] for e in read_jsonl(tmp_path / "run" / "events.jsonl")]
+    assert "restart" not in " ".join(kinds) and kinds.count("fatal") == 1, kinds

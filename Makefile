@@ -31,7 +31,7 @@ test: install docs
 # and --strict fails on a broken link or anchor.
 docs: install
 	$(BIN)/python docs/gen_ref.py
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" --timeout=300

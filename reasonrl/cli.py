@@ -290,7 +290,8 @@ def _first_sentence(text: str, limit: int = 100) -> str:
     return sentence if len(sentence) <= limit else sentence[: limit - 3].rstrip() + "..."
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``reasonrl`` parser with every subcommand (``main`` runs it; docs/gen_ref.py documents it)."""
     parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"reasonrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -365,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=20, help="at most N samples (0: all; default 20)")
     p.add_argument("--json", action="store_true", help="one JSON record per line")
     p.set_defaults(fn=cmd_samples)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     # Positionals may follow flags (`train grpo --no-supervisor a=b`): argparse leaves the
     # later ones over, which belong to the command's positional list.
     args, rest = parser.parse_known_args(argv)

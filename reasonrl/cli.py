@@ -232,7 +232,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from reasonrl.checkpoint.export import export_model
 
     try:
-        print(export_model(args.run_dir, args.out, args.step))
+        print(export_model(args.run_dir, args.out, args.step, args.force))
     except OSError as err:  # a full or read-only disk: nothing was left half-written
         raise InputError(f"{args.out}: the export could not be written ({error_line(err)})") from err
     return 0
@@ -349,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_trace)
     p = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory")
     p.add_argument("run_dir", help="the run directory (run.dir)")
-    p.add_argument("out", help="the directory to write (new, empty, or a previous export)")
+    p.add_argument("out", help="the directory to write (new or empty, outside any run directory)")
+    p.add_argument("--force", action="store_true", help="replace a previous export in OUT")
     p.add_argument("--step", type=int, default=None, help="export checkpoints/step_N (default: the newest valid checkpoint)")
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("report")

@@ -57,7 +57,7 @@ PROBES = (
 """Texts the exported tokenizer, reloaded with plain AutoTokenizer, must tokenise as training did."""
 
 
-def export_model(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
+def export_model(run_dir: str | Path, out: str | Path, step: int | None = None, force: bool = False) -> Path:
     """Write the policy of the run in ``run_dir`` to ``out`` as a Hugging Face model directory.
 
     ``step=None``: the newest committed, valid checkpoint; a run with no such checkpoint but a
@@ -66,10 +66,12 @@ def export_model(run_dir: str | Path, out: str | Path, step: int | None = None) 
     tokenizer come from the model directory the run started from (``resolve_model_dir`` of the
     run's ``config.yaml``), the weights from the checkpoint, in the dtype they were trained in
     (``model.dtype``). InputError names the run directory and what is missing; see
-    :func:`write_model_dir` for what is written and when ``out`` is refused.
+    :func:`write_model_dir` for what is written. ``out`` is refused (:func:`check_export_target`)
+    inside a run directory, and when it is not empty unless ``force`` (which replaces only a
+    previous export).
     """
     run_dir = Path(run_dir)
-    check_target(Path(out))  # before any weights are read
+    check_export_target(Path(out), force)  # before any weights are read
     cfg = _run_config(run_dir)
     checkpoint = select_checkpoint(run_dir, step)
     if checkpoint is None:
@@ -141,6 +143,7 @@ def write_model_dir(module: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
     try:
         tmp.mkdir()
         module.save_pretrained(tmp)
+        _drop_missing_auto_map(tmp / "config.json")
         tokenizer.save_pretrained(tmp)
         generation_config(module, tokenizer).save_pretrained(tmp)
         marker = {"format": FORMAT, "format_version": FORMAT_VERSION, **source}
@@ -151,6 +154,21 @@ def write_model_dir(module: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def check_export_target(out: Path, force: bool) -> None:
+    """InputError when ``out`` lies in a run directory (its ``final/``, checkpoints or any other
+    place a trainer writes: a run's files are never replaced by an export), or is not empty and
+    ``force`` is not given; then :func:`check_target`."""
+    resolved = Path(os.path.abspath(out))
+    for place in (resolved, *resolved.parents):
+        if (place / "config.yaml").is_file() and ((place / "checkpoints").is_dir() or (place / "events.jsonl").is_file()):
+            raise InputError(f"{out}: lies inside the run directory {place}; an export there could replace the "
+                             "run's own files (final/, checkpoints): choose a directory outside any run directory")
+    check_target(out)
+    if not force and out.is_dir() and any(out.iterdir()):
+        raise InputError(f"{out}: holds a previous export; choose a new or empty directory, or pass --force to "
+                         "replace it")
 
 
 def check_target(out: Path) -> None:
@@ -208,6 +226,30 @@ def check_tokenizer_exports(model_dir: Path, tokenizer: PreTrainedTokenizerBase)
                 f"{str(err).split(': ', 1)[1]}. Before training, give the model a tokenizer that AutoTokenizer "
                 "reloads unchanged for its model_type (that type's own tokenizer files), or a model type whose "
                 "AutoTokenizer keeps a generic tokenizer.json (llama's does)") from err
+
+
+def _drop_missing_auto_map(path: Path) -> None:
+    """Remove the ``auto_map`` entries of the config at ``path`` whose code file (``module.py``
+    of ``module.Class``, or of ``repo--module.Class``) is not beside it: a loader would fail on
+    them (or fetch code from elsewhere); ``auto_map`` goes when no entry is left."""
+    config = json.loads(path.read_text(encoding="utf-8"))
+    auto_map = config.get("auto_map")
+    if not isinstance(auto_map, dict):
+        return
+
+    def present(ref: Any) -> bool:
+        refs = ref if isinstance(ref, list) else [ref]
+        return all(isinstance(r, str) and (path.parent / f"{r.split('--')[-1].rsplit('.', 1)[0]}.py").is_file()
+                   for r in refs if r is not None)
+
+    kept = {k: v for k, v in auto_map.items() if present(v)}
+    if kept == auto_map:
+        return
+    if kept:
+        config["auto_map"] = kept
+    else:
+        del config["auto_map"]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _run_config(run_dir: Path) -> Config:

@@ -127,7 +127,7 @@ def test_a_complete_run_started_again_says_so_prints_its_summary_and_exits_0(cap
     assert code == 2 and "different configuration" in err
     code, out, err = _main(capsys, "export", str(run), str(tmp_path / "hf"), "--step", "2")
     assert code == 0 and out.strip() == str(tmp_path / "hf") and (tmp_path / "hf" / "model.safetensors").is_file(), err
-    code, _, err = _main(capsys, "export", str(run), str(tmp_path / "hf"), "--step", "5")
+    code, _, err = _main(capsys, "export", str(run), str(tmp_path / "hf"), "--step", "5", "--force")
     assert code == 2 and "no checkpoint for step 5" in err and "valid checkpoints: step 2" in err
 
 

@@ -102,7 +102,7 @@ def test_a_damaged_checkpoint_is_skipped_by_default_and_refused_by_step(model_di
     out = export_model(run, tmp_path / "out")
     assert json.loads((out / MARKER).read_text())["checkpoint"] == str(run / "checkpoints/step_1")
     with pytest.raises(InputError, match=r"step_3: cannot be exported \(.*sha256.*\); valid checkpoints: step 1$"):
-        export_model(run, tmp_path / "out", step=3)
+        export_model(run, tmp_path / "other", step=3)
 
 
 def test_generation_config_holds_the_ids_the_trainer_stops_on_and_pads_with(tmp_path):
@@ -132,7 +132,9 @@ def test_a_foreign_or_file_target_is_refused_and_a_previous_export_replaced(mode
         export_model(run, tmp_path / "file")
     (tmp_path / "empty").mkdir()
     export_model(run, tmp_path / "empty", step=1)
-    export_model(run, tmp_path / "empty", step=3)  # over its own previous export
+    with pytest.raises(InputError, match="holds a previous export.*--force"):
+        export_model(run, tmp_path / "empty", step=3)
+    export_model(run, tmp_path / "empty", step=3, force=True)  # over its own previous export
     assert json.loads((tmp_path / "empty" / MARKER).read_text())["policy_version"] == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file", "foreign", "run"]
 
@@ -149,7 +151,7 @@ def test_a_failure_midway_leaves_no_partial_directory_and_the_previous_export_in
     with pytest.raises(OSError, match="No space left"):
         export_model(run, tmp_path / "out")
     with pytest.raises(OSError, match="No space left"):
-        export_model(run, tmp_path / "previous", step=3)
+        export_model(run, tmp_path / "previous", step=3, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["previous", "run"]
     assert {p.name: p.read_bytes() for p in (tmp_path / "previous").iterdir()} == before
 
@@ -202,3 +204,22 @@ def test_a_run_with_final_and_no_checkpoint_exports_final_and_one_with_neither_i
     assert json.loads((out / MARKER).read_text())["exported_from"] == str(run / "final")
     with pytest.raises(FileNotFoundError, match=rf"{tmp_path}: not a reasonrl run directory \(no config.yaml there\)"):
         export_model(tmp_path, tmp_path / "other")
+
+
+def test_an_export_into_a_run_directory_is_refused_even_with_force(model_dir, tmp_path):
+    run = fake_run(tmp_path, model_dir, steps=(1, 3))
+    for target in (run / "final", run, run / "checkpoints" / "x"):
+        with pytest.raises(InputError, match="inside the run directory"):
+            export_model(run, target, step=1, force=True)
+    assert not (run / "final").exists()
+
+
+def test_auto_map_entries_without_their_code_file_are_dropped(tmp_path):
+    path = tmp_path / "config.json"
+    (tmp_path / "modeling_kept.py").write_text("")
+    path.write_text(json.dumps({"auto_map": {"AutoConfig": "modeling_kept.C", "AutoModel": "repo--modeling_gone.M"}}))
+    export._drop_missing_auto_map(path)
+    assert json.loads(path.read_text())["auto_map"] == {"AutoConfig": "modeling_kept.C"}
+    path.write_text(json.dumps({"auto_map": {"AutoModel": "modeling_gone.M"}, "x": 1}))
+    export._drop_missing_auto_map(path)
+    assert json.loads(path.read_text()) == {"x": 1}

@@ -17,42 +17,138 @@ passed" in both. ``reward.code_timeout_s`` is the wall-clock budget of all of a 
 together, ``reward.code_memory_mb`` each run's address space. A response without a code block
 scores -1; a row without tests is a failed sample (its error is logged), not a wrong answer.
 
-An assert run reports its count after a nonce it reads from stdin before the program starts, so
-a program that exits early or prints a count of its own does not pass; a program that goes
-looking for the nonce in its own interpreter could still find it (the sandbox bounds what such
-a program can do, not what it may claim).
+An assert run grades what the program's functions return, not what it prints or claims: a
+grader process in the sandbox (the only writer of its stdout) reads the tests, makes itself
+unreadable to the program (no ptrace, no /proc/PID/mem or fds), and starts the program in a fresh
+interpreter that is sent, per test, only the expressions to evaluate (an ``assert A == 5`` sends
+``A``; literal sides stay with the grader). The program answers with each value converted to
+builtin types (exact ``int``, ``float``, ``str``, ``bool``, ``None``, ``bytes``, ``complex``,
+``list``, ``tuple``, ``dict``, ``set``; anything else, such as an object whose ``__eq__`` is
+always true, fails the test), and the grader compares them itself. A run that ends before it
+answered every test (``sys.exit``, ``os._exit``, a crash) passes none. What it does not defend
+against is in docs/sandbox.md.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
 import time
 from typing import Any
 
 from reasonrl.config import RewardConfig
 from reasonrl.reward.math import INVALID, as_text
-from reasonrl.reward.sandbox import Limits, run_program
+from reasonrl.reward.sandbox import MAX_OUTPUT, Limits, run_program
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
-_ASSERT_HARNESS = """\
-def _reasonrl_main():
-    import sys
-    nonce = sys.stdin.readline().strip()
-    namespace = {"__name__": "__main__"}
-    exec(compile(%(setup)r, "setup", "exec"), namespace)
-    exec(compile(%(program)r, "program", "exec"), namespace)
-    passed = 0
-    for test in %(tests)r:
+# The assert run's grader, the sandbox's first process (it reads its job from stdin, then makes
+# itself unreadable to its own uid before the program exists). The program runs in a fresh
+# interpreter (its child) that gets the setup, the program and, per test, the expressions to
+# evaluate; it answers each with the value as tagged JSON on fd 3. Its stdout is /dev/null: only
+# the grader writes the sandbox's stdout, so nothing the program prints or reaches counts.
+_ASSERT_GRADER = r"""
+import ast, ctypes, json, operator, os, subprocess, sys
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no /proc/PID/mem, fd or ptrace for the program
+job = json.loads(sys.stdin.read())
+OPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+       ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+def plan(test):
+    # (statements run first, [(literal value or None, expression sent to the program)], operator or None)
+    try:
+        body = ast.parse(test).body
+    except SyntaxError:
+        return test, [], None
+    if not body or not isinstance(body[-1], ast.Assert):
+        return test, [], None
+    head = ast.unparse(ast.Module(body[:-1], [])) if body[:-1] else ""
+    check = body[-1].test
+    if isinstance(check, ast.Compare) and len(check.ops) == 1 and type(check.ops[0]) in OPS:
+        sides = []
+        for node in (check.left, check.comparators[0]):
+            try:
+                sides.append((("literal", ast.literal_eval(node)), None))
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                sides.append((None, ast.unparse(node)))
+        return head, sides, OPS[type(check.ops[0])]
+    return head, [(None, ast.unparse(check))], None
+def decode(x):
+    if x is None or type(x) in (bool, int, float, str):
+        return x
+    tag, items = x
+    if tag == "list": return [decode(i) for i in items]
+    if tag == "tuple": return tuple(decode(i) for i in items)
+    if tag == "set": return {decode(i) for i in items}
+    if tag == "frozenset": return frozenset(decode(i) for i in items)
+    if tag == "dict": return {decode(k): decode(v) for k, v in items}
+    if tag == "bytes": return bytes.fromhex(items)
+    if tag == "complex": return complex(*items)
+    raise ValueError(tag)
+plans = [plan(t) for t in job["tests"]]
+request = {"setup": job["setup"], "program": job["program"],
+           "tests": [[head, [expr for _, expr in sides if expr is not None]] for head, sides, _ in plans]}
+read, write = os.pipe()
+child = subprocess.Popen([sys.executable, "-I", "-S", "-c", job["runner"], str(write)], stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, pass_fds=(write,), close_fds=True)
+os.close(write)
+try:
+    child.stdin.write(json.dumps(request).encode()); child.stdin.close()
+except OSError:
+    pass
+answers = os.fdopen(read, "rb").read(job["max_answer_bytes"]).decode(errors="replace").splitlines()
+try:
+    code = child.wait(timeout=job["exit_s"])
+except subprocess.TimeoutExpired:
+    child.kill(); code = child.wait()
+passed = 0
+if len(answers) == len(plans) and code == 0:
+    for (head, sides, op), line in zip(plans, answers):
         try:
-            exec(compile(test, "test", "exec"), namespace)
-            passed += 1
-        except BaseException:
+            got = json.loads(line)
+            if got is None:
+                continue
+            values = iter(decode(v) for v in got)
+            vals = [side[1] if side is not None else next(values) for side, _ in sides]
+            if next(values, StopIteration) is not StopIteration:
+                continue
+            if op is None and not sides:
+                ok = True
+            elif op is None:
+                ok = vals[0] is True or (type(vals[0]) in (int, float, str, list, tuple, dict, set) and bool(vals[0]))
+            else:
+                ok = op(vals[0], vals[1]) is True
+            passed += ok
+        except Exception:
             pass
-    sys.stdout.write("\\n" + nonce + " " + str(passed) + "\\n")
-_reasonrl_main()
+sys.stdout.write("passed " + str(passed) + "\n")
+"""
+
+# The program's interpreter: setup and program first, then per test its statements and the
+# expressions the grader asked for, each answered as one line on the fd the grader gave.
+_ASSERT_RUNNER = r"""
+import json, sys, os
+out = os.fdopen(int(sys.argv[1]), "w")
+job = json.loads(sys.stdin.read())
+def encode(v, depth=0):
+    if depth > 100: raise ValueError("too deep")
+    t = type(v)
+    if v is None or t in (bool, int, float, str): return v
+    if t in (list, tuple, set, frozenset): return [t.__name__, [encode(i, depth + 1) for i in v]]
+    if t is dict: return ["dict", [[encode(k, depth + 1), encode(x, depth + 1)] for k, x in v.items()]]
+    if t is bytes: return ["bytes", v.hex()]
+    if t is complex: return ["complex", [v.real, v.imag]]
+    raise TypeError("not a builtin value: " + t.__name__)
+namespace = {"__name__": "__main__"}
+exec(compile(job["setup"], "setup", "exec"), namespace)
+exec(compile(job["program"], "program", "exec"), namespace)
+for head, exprs in job["tests"]:
+    try:
+        exec(compile(head, "test", "exec"), namespace)
+        line = json.dumps([encode(eval(compile(e, "test", "eval"), namespace)) for e in exprs])
+    except BaseException:
+        line = "null"
+    out.write(line + "\n"); out.flush()
+out.close()
 """
 
 
@@ -148,14 +244,13 @@ class CodeReward:
         limits = self._limits(deadline)
         if limits is None:
             return 0
-        nonce = secrets.token_hex(16)
-        harness = _ASSERT_HARNESS % {"setup": setup, "program": program, "tests": tests}
-        result = run_program(harness, nonce + "\n", limits, self.level)
+        job = {"setup": setup, "program": program, "tests": tests, "runner": _ASSERT_RUNNER,
+               "max_answer_bytes": MAX_OUTPUT, "exit_s": 2.0}
+        result = run_program(_ASSERT_GRADER, json.dumps(job), limits, self.level)
         last = result.stdout.rstrip("\n").rpartition("\n")[2].split()
-        if result.timed_out or len(last) != 2 or last[0] != nonce or not last[1].isdigit():
+        if result.timed_out or result.returncode != 0 or len(last) != 2 or last[0] != "passed" or not last[1].isdigit():
             return 0
         return min(int(last[1]), len(tests))
-
 
 def make_code_reward(cfg: RewardConfig) -> CodeReward:
     """The ``reward.fn=code`` function for ``cfg``; the sandbox level is checked here (an

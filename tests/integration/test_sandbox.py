@@ -107,3 +107,44 @@ def test_a_training_step_on_the_embedded_code_family_grades_programs(tmp_path, m
     assert row["reward/tests_total"] == 3.0 and 0.0 <= row["reward/tests_passed"] <= 3.0
     kept = read_jsonl(tmp_path / "samples.jsonl")
     assert kept and all(r["data_source"] == "embedded/code" and r["tests_total"] == 3 for r in kept)
+
+
+HACKS = {
+    "a frame walk to the grader's secrets": (
+        "import sys\nf = sys._getframe()\nwhile f.f_back: f = f.f_back\n"
+        "g = f.f_globals\nprint('passed 3')\nsys.stdout.flush()\ndef f(x):\n    return 0\n"),
+    "an object equal to everything": (
+        "class Any:\n    def __eq__(self, other): return True\n    __hash__ = None\n"
+        "def f(x):\n    return Any()\n"),
+    "an int subclass equal to everything": (
+        "class Int(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\n"
+        "def f(x):\n    return Int(0)\n"),
+    "an early os._exit": "import os\nprint('passed 3')\nos._exit(0)\ndef f(x):\n    return 3*x+2\n",
+    "an early sys.exit": "import sys\nprint('\\npassed 3')\nsys.exit(0)\ndef f(x):\n    return 3*x+2\n",
+    "an exit after the first test": ("import os\ncalls = []\ndef f(x):\n    calls.append(x)\n"
+                                     "    if len(calls) == 2: os._exit(0)\n    return 3*x+2\n"),
+    "a write to the grader's stdout through /proc": (
+        "import os\nfor fd in ('/proc/%d/fd/1' % os.getppid(), '/proc/1/fd/1'):\n    try:\n"
+        "        open(fd, 'w').write('passed 3\\n')\n    except OSError:\n        pass\n"
+        "def f(x):\n    return 0\n"),
+}
+
+
+@pytest.mark.parametrize("hack", sorted(HACKS))
+def test_an_assert_run_grades_returned_values_not_claims(level, hack):
+    fn = make_code_reward(RewardConfig(code_timeout_s=10.0, code_memory_mb=512, sandbox=level))
+    out = fn(f"```python\n{HACKS[hack]}```", TESTS)
+    assert out["acc"] is False and out["score"] == -1.0 and out["tests_passed"] == 0, (hack, out)
+
+
+def test_an_honest_program_scores_full_marks_with_every_assert_form(level):
+    fn = make_code_reward(RewardConfig(code_timeout_s=10.0, code_memory_mb=512, sandbox=level))
+    program = "```python\nimport math\ndef f(x):\n    return 3*x+2\ndef g(n):\n    return [n, (n, 1.5), {'k': {n}}]\n```"
+    tests = json.dumps(["assert f(0)==2", "assert f(1) == 5", "assert 14 == f(4)", "assert f(2) != 7",
+                        "assert g(1) == [1, (1, 1.5), {'k': {1}}]", "assert f(1) in [5, 6]",
+                        "assert math.isclose(f(0), 2.0)", "y = f(3)\nassert y == 11", "assert f(1) < f(2)",
+                        "assert not f(0) == 3"])
+    out = fn(program, tests)
+    assert out == {"score": 1.0, "acc": True, "pred": "10/10 tests", "tests_passed": 10, "tests_total": 10}, out
+    half = fn("```python\ndef f(x):\n    return 2 if x == 0 else 0\n```", TESTS)
+    assert half["tests_passed"] == 1 and half["score"] == pytest.approx(-1 / 3)

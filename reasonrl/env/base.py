@@ -8,7 +8,7 @@ An :class:`Env` is anything with ``reset(seed)`` and ``step(action)`` returning 
 tuples with text observations and actions; ``close()`` is optional. The ``info`` of an
 episode's last step may carry ``"success": bool``; without it an episode succeeded when its
 return (the sum of its rewards) is positive. :func:`make_env` builds one from a registry name
-(:data:`ENVS`) or ``module:Class``, wraps a ``gymnasium.Env`` (or any env with Gymnasium's
+(:data:`ENVS`), ``module:Class`` or ``path/to/file.py:Class``, wraps a ``gymnasium.Env`` (or any env with Gymnasium's
 ``reset(seed=..., options=...)`` keywords, as GEM's are) in :class:`GymTextAdapter`, and wraps
 it in :class:`~reasonrl.env.tools.ToolEnv` when tools are asked for.
 """
@@ -16,7 +16,6 @@ it in :class:`~reasonrl.env.tools.ToolEnv` when tools are asked for.
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import math
 import numbers
@@ -28,6 +27,7 @@ from reasonrl.env.arith import ToolArithEnv
 from reasonrl.env.grid import GridEnv
 from reasonrl.env.tools import TOOL_CALL_PATTERN, TOOL_RESPONSE_FORMAT, TOOLS, ToolEnv
 from reasonrl.errors import InputError, error_line
+from reasonrl.plugins import SPEC_FORMS, is_plugin_spec, load_object
 
 Reset = tuple[str, dict[str, Any]]
 """``(observation, info)``."""
@@ -149,7 +149,8 @@ def speaks_gymnasium(env: Any) -> bool:
 
 def make_env(name: str, args: dict[str, Any] | None = None, tools: Sequence[str] = (),
              tool_call_pattern: str = TOOL_CALL_PATTERN, tool_response_format: str = TOOL_RESPONSE_FORMAT) -> Env:
-    """The environment ``name`` (``env.name``: a key of :data:`ENVS` or ``module:Class``)
+    """The environment ``name`` (``env.name``: a key of :data:`ENVS`, ``module:Class`` or
+    ``path/to/file.py:Class``)
     built with ``**args`` (``env.args``), adapted if it speaks Gymnasium, and inside a
     :class:`~reasonrl.env.tools.ToolEnv` offering ``tools`` (``env.tools``, keys of
     :data:`~reasonrl.env.tools.TOOLS`) when there are any.
@@ -190,24 +191,18 @@ def env_attribute(env: Any, name: str) -> Any:
 
 
 def _factory(name: str) -> Callable[..., Any]:
-    """What ``env.name`` names: a registry entry, or the attribute of an imported module."""
+    """What ``env.name`` names: a registry entry, or a plugin (``module:Class`` or
+    ``path/to/file.py:Class``, :func:`reasonrl.plugins.load_object`)."""
     if name in ENVS:
         return ENVS[name]
-    expected = f"expected one of {', '.join(ENVS)} or module:Class"
-    module_name, sep, attr = name.partition(":")
-    if not sep or not module_name or not attr:
+    if not is_plugin_spec(name):
         close = difflib.get_close_matches(name, ENVS, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise InputError(f"env.name = {name!r}: unknown environment; {hint}{expected}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise InputError(f"env.name = {name!r}: cannot import module {module_name!r} ({e}); {expected}") from e
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise InputError(f"env.name = {name!r}: module {module_name!r} has no attribute {attr!r}")
+        raise InputError(f"env.name = {name!r}: unknown environment; {hint}expected one of {', '.join(ENVS)} "
+                         f"or {SPEC_FORMS}")
+    factory = load_object(name, "env.name")
     if not callable(factory):
-        raise InputError(f"env.name = {name!r}: {attr!r} is a {type(factory).__name__}, not a class")
+        raise InputError(f"env.name = {name!r}: {name.rpartition(':')[2]!r} is a {type(factory).__name__}, not a class")
     return factory
 
 

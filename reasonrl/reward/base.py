@@ -16,7 +16,6 @@ A :class:`Grader` is what ``reward.*`` configures: ``reward.fn``, the functions 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import torch
 
 from reasonrl.config import RewardConfig
 from reasonrl.errors import InputError
+from reasonrl.plugins import is_plugin_spec, load_object
 from reasonrl.reward.format import format_rule
 from reasonrl.reward.math import INVALID, boxed_score, dapo_score, gsm8k_score
 
@@ -34,7 +34,8 @@ FAILURE_SCORE = -1.0
 
 BUILTIN: dict[str, Callable[[str, str], dict]] = {"dapo": dapo_score, "boxed": boxed_score, "gsm8k": gsm8k_score}
 
-_ALLOWED = "'dapo', 'boxed', 'gsm8k', 'math_verify', 'code' or an import path 'package.module:function'"
+_ALLOWED = ("'dapo', 'boxed', 'gsm8k', 'math_verify', 'code' or an import path 'package.module:function' "
+            "or 'path/to/file.py:function'")
 _MAX_ERROR_CHARS = 300
 _RESERVED = ("score", "acc", "pred")
 
@@ -53,9 +54,10 @@ def load_reward_fn(spec: str, cfg: RewardConfig | None = None) -> RewardFn:
     """The reward function named by ``spec``: ``"dapo"``, ``"boxed"``, ``"gsm8k"``,
     ``"math_verify"`` (reasonrl/reward/verify.py, the optional math-verify package), ``"code"``
     (reasonrl/reward/code.py, the sandboxed program runner, set up by ``cfg``) or
-    ``"package.module:function"``.
+    ``"package.module:function"`` or ``"path/to/file.py:function"``
+    (:func:`reasonrl.plugins.load_object`).
 
-    Raises InputError naming the spec when the module cannot be imported, has no such
+    Raises InputError naming the spec when the module or file cannot be loaded, has no such
     attribute, or the attribute is not callable.
     """
     if spec in BUILTIN:
@@ -68,21 +70,11 @@ def load_reward_fn(spec: str, cfg: RewardConfig | None = None) -> RewardFn:
         from reasonrl.reward.code import make_code_reward
 
         return make_code_reward(cfg or RewardConfig())
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
+    if not is_plugin_spec(spec):
         raise InputError(f"reward function {spec!r}: unknown name; expected {_ALLOWED}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise InputError(
-            f"reward function {spec!r}: cannot import module {module_name!r} ({e}); expected {_ALLOWED}"
-        ) from e
-    try:
-        fn = getattr(module, attr)
-    except AttributeError:
-        raise InputError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+    fn = load_object(spec, "reward function")
     if not callable(fn):
-        raise InputError(f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not a callable")
+        raise InputError(f"reward function {spec!r}: {spec.rpartition(':')[2]!r} is a {type(fn).__name__}, not a callable")
     return fn
 
 

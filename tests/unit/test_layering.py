@@ -1,6 +1,6 @@
 """The package's layering: a module imports only from its own layer or the layers before it.
 
-    types, config, errors <- algo <- decoder, precision, memory, data, env, rollout, reward, train, checkpoint,
+    types, config, errors, plugins <- algo <- decoder, precision, memory, data, env, rollout, reward, train, checkpoint,
     metrics, loggers, samples
     <- workers <- runtime <- resilience, evaluation, report <- controller, preflight <- cli
 
@@ -17,7 +17,7 @@ import reasonrl
 PACKAGE = Path(reasonrl.__file__).parent
 
 LAYERS: list[set[str]] = [
-    {"types", "config", "errors", "__version__"},  # __version__: the package root's, read by the CLI
+    {"types", "config", "errors", "plugins", "__version__"},  # __version__: the package root's, read by the CLI
     {"algo"},
     {"decoder", "precision", "memory", "data", "env", "rollout", "reward", "train", "checkpoint", "metrics", "loggers",
      "samples"},

@@ -62,6 +62,28 @@ class SeedIgnored(Faulty):
         return "start", {}
 
 
+class GuessNumber:
+    """Guess the number 0..9 that the seed picks: the first observation is the same for every
+    seed, the seed shows only in the replies and rewards."""
+
+    def reset(self, seed):
+        self.secret = seed % 10
+        return "guess a number 0..9", {}
+
+    def step(self, action):
+        guess = action.strip()
+        if guess == str(self.secret):
+            return "right", 1.0, True, False, {"success": True}
+        higher = guess.isdigit() and int(guess) < self.secret
+        return ("higher" if higher else "lower"), 0.0, False, False, {}
+
+    def demonstration(self, seed):
+        return [str(seed % 10)]
+
+    def sample_action(self, rng):
+        return str(rng.randrange(10))
+
+
 class NoisyStep(Faulty):
     """Seeded resets, but steps drawn from the ``random`` module."""
 

@@ -14,7 +14,12 @@ after ``step_timeout_s``, never waited on). Problems found:
   step whose transition (observation, reward, terminated, truncated) is not determined by the
   seed and the actions so far (an env drawing from a random state it shares with other envs,
   such as the ``random`` module's, disagrees too: it would in a pool);
-- every seed giving the same first observation (the seed is ignored).
+
+and warned about (a warning does not fail the check): a seed that changes nothing observable.
+Seed dependence is judged over whole episodes: the first observations of the seeds, and when
+those are all the same (guess-the-number: the secret shows only in the rewards), the first
+episode's actions replayed on every other seed, comparing each step's observation, reward,
+terminated and truncated. Only when every seed gives the same replay is the seed ignored.
 
 Policies: ``random`` plays the env's ``sample_action(rng)`` when it has one, else random short
 strings; ``scripted`` plays its ``demonstration(seed)``. An episode still running after
@@ -47,7 +52,8 @@ class EnvCheckReport:
     """What :func:`env_check` saw: per played episode its return (sum of rewards), length (policy
     turns) and success; how the episodes ended (``terminated``, ``truncated``, ``cut``,
     ``failed``); the seconds each reset and step took inside the env; and the problems, one
-    line each (a repeated problem once, with the number of episodes it was seen in)."""
+    line each (a repeated problem once, with the number of episodes it was seen in); the
+    warnings, one line each, do not fail it."""
 
     name: str
     args: dict[str, Any]
@@ -60,6 +66,7 @@ class EnvCheckReport:
     endings: Counter[str] = field(default_factory=Counter)
     reset_s: list[float] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -78,7 +85,7 @@ class EnvCheckReport:
 
     def describe(self) -> str:
         """The report as text: the returns (min, mean, max and a histogram), lengths, success
-        rate, endings and timing, then ``PASS`` or ``FAIL`` and the problems."""
+        rate, endings and timing, the warnings, then ``PASS`` or ``FAIL`` and the problems."""
         seeds = f"seed {self.seeds.start}" if len(self.seeds) == 1 else f"seeds {self.seeds.start}..{self.seeds[-1]}"
         lines = [f"env-check {self.name} {self.args} (policy {self.policy}, {len(self.seeds)} episodes, {seeds})"]
         if self.returns:
@@ -91,6 +98,7 @@ class EnvCheckReport:
         timing = self.timing
         lines.append("timing:  " + "; ".join(f"{name} median {_ms(med)}, max {_ms(top)}"
                                              for name, (med, top) in timing.items()))
+        lines += [f"warning: {w}" for w in self.warnings]
         lines += ["PASS"] if self.passed else ["FAIL", *(f"  - {p}" for p in self.problems)]
         return "\n".join(lines)
 
@@ -128,16 +136,57 @@ def env_check(name: str, args: dict[str, Any] | None = None, episodes: int = 20,
     play = _policy(local, name, policy)
     report = EnvCheckReport(name, args, policy, range(seed, seed + episodes))
     problems = _Problems()
-    firsts: set[str] = set()
+    played: list[tuple[int, str, list[str]]] = []
     with EnvPool(name, args, size=2, workers=1, step_timeout_s=step_timeout_s, tools=tools,
                  tool_call_pattern=tool_call_pattern, tool_response_format=tool_response_format) as pool:
         for episode_seed in report.seeds:
-            _play_episode(pool, episode_seed, play, max_turns, report, problems, firsts)
-    if len(report.seeds) > 1 and len(firsts) == 1:
-        problems.add(("seeds",), f"all {len(report.seeds)} seeds gave the same first observation "
-                                 f"{_short(firsts.pop())}: reset ignores its seed")
+            episode = _play_episode(pool, episode_seed, play, max_turns, report, problems)
+            if episode is not None:
+                played.append((episode_seed, *episode))
+        if len(played) > 1 and len({first for _, first, _ in played}) == 1:
+            ignored = _seed_ignored(pool, played)
+            if ignored is not None:
+                report.warnings.append(f"all {len(played)} seeds gave the same first observation "
+                                       f"{_short(played[0][1])}{ignored}: the seed changes nothing observable "
+                                       "(is reset(seed) using its seed?)")
     report.problems = problems.lines()
     return report
+
+
+def _seed_ignored(pool: EnvPool, played: list[tuple[int, str, list[str]]]) -> str | None:
+    """Replay the actions of the first played episode on every other played seed: None when
+    some seed's replay differs from the first's (the seed shows in a later observation, a
+    reward or an ending) or a replay failed, else the words of the warning saying what was
+    compared ("" when the episode had no actions)."""
+    seed, _, actions = played[0]
+    reference = _replay(pool, seed, actions)
+    if reference is None:
+        return None
+    for other, _, _ in played[1:]:
+        replay = _replay(pool, other, actions)
+        if replay is None or replay != reference:
+            return None
+    if not actions:
+        return ""
+    return f", and the {len(actions)} actions of seed {seed}'s episode gave the same steps on every seed"
+
+
+def _replay(pool: EnvPool, seed: int, actions: list[str]) -> tuple[Any, ...] | None:
+    """The transitions ``(first observation, (observation, reward, terminated, truncated) per
+    step)`` of ``actions`` played on ``seed`` in slot 0 until the episode ends; None when a
+    call failed (the played episodes report failures)."""
+    (reset,) = pool.reset_many([seed])
+    if isinstance(reset, EnvFailure):
+        return None
+    trace: list[Any] = [reset[0]]
+    for action in actions:
+        (step,) = pool.step_many([action])
+        if isinstance(step, EnvFailure):
+            return None
+        trace.append(tuple(step[:4]))
+        if step[2] or step[3]:
+            break
+    return tuple(trace)
 
 
 def _policy(env: Any, name: str, policy: str) -> Callable[[int, int, random.Random], str | None]:
@@ -162,27 +211,28 @@ def _policy(env: Any, name: str, policy: str) -> Callable[[int, int, random.Rand
 
 
 def _play_episode(pool: EnvPool, seed: int, play, max_turns: int, report: EnvCheckReport,
-                  problems: _Problems, firsts: set[str]) -> None:
-    """One episode in both slots of ``pool``, its outcome added to ``report``."""
+                  problems: _Problems) -> tuple[str, list[str]] | None:
+    """One episode in both slots of ``pool``, its outcome added to ``report``: its first
+    observation and the actions played, None when its reset failed."""
     resets = pool.reset_many([seed, seed])
     _times(pool, report.reset_s)
     if _failed(resets, seed, problems, "reset"):
         report.endings["failed"] += 1
-        return
+        return None
     (first, _), (again, _) = resets
     if first != again:
         problems.add(("determinism", "reset"), f"seed {seed}: reset({seed}) twice gave different observations: "
                                                f"{_short(first)} then {_short(again)}")
-    firsts.add(first)
     rng = random.Random(seed)
-    total, turns = 0.0, 0
+    total, turns, actions = 0.0, 0, []
     while turns < max_turns and (action := play(seed, turns, rng)) is not None:
+        actions.append(action)
         steps = pool.step_many([action, action])
         _times(pool, report.step_s)
         turns += 1
         if _failed(steps, seed, problems, "step"):
             report.endings["failed"] += 1
-            return
+            return first, actions
         step, copy = steps
         total += step[1]
         if step[:4] != copy[:4]:
@@ -192,11 +242,12 @@ def _play_episode(pool: EnvPool, seed: int, play, max_turns: int, report: EnvChe
         if step[2] or step[3]:
             report.endings["terminated" if step[2] else "truncated"] += 1
             _add(report, total, turns, bool(step[4].get("success", total > 0)))
-            return
+            return first, actions
         if step[:4] != copy[:4]:  # the copies have diverged: comparing further says nothing
             break
     report.endings["cut"] += 1
     _add(report, total, turns, False)
+    return first, actions
 
 
 def _failed(results: list[Any], seed: int, problems: _Problems, method: str) -> bool:

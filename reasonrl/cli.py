@@ -204,7 +204,7 @@ def cmd_env_check(args: argparse.Namespace) -> int:
         print("\n".join(ENVS))
         return 0
     if args.name is None:
-        raise InputError("env-check: expected an environment name (a shipped one: --list; or module:Class)")
+        raise InputError("env-check: expected an environment name (a shipped one: --list; module:Class; or path/to/file.py:Class)")
     cfg = load(None, [f"env.name={args.name}", *args.overrides])
     e = cfg.env
     report = env_check(e.name, e.args, args.episodes, args.seed, args.policy, e.step_timeout_s,
@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_drill)
     p = sub.add_parser("env-check", help="play an environment with a random or scripted policy; check its "
                                          "protocol, determinism by seed and timing; print returns and lengths")
-    p.add_argument("name", nargs="?", default=None, help="a shipped environment (grid, tool_arith) or module:Class")
+    p.add_argument("name", nargs="?", default=None, help="a shipped environment (grid, tool_arith), module:Class or path/to/file.py:Class")
     p.add_argument("overrides", nargs="*", help="env.* overrides (env.args.size=5, env.step_timeout_s=2, ...)")
     p.add_argument("--list", action="store_true", help="list the shipped environments")
     p.add_argument("--episodes", type=int, default=20, help="episodes to play (default 20)")

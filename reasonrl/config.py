@@ -217,7 +217,7 @@ class RewardConfig:
     fn: str = "dapo"
     """'dapo' (last 'Answer:' line, +1/-1), 'boxed' (last \\boxed{}; both compare strings),
     'math_verify' (the final answer checked for mathematical equivalence by the optional
-    math-verify package: 1/2 = 0.5 = \\dfrac{1}{2}), or 'module:function'."""
+    math-verify package: 1/2 = 0.5 = \\dfrac{1}{2}), 'module:function' or 'path/to/file.py:function'."""
     by_source: tuple[str, ...] = ()
     """Reward functions per data source, 'SOURCE=FN' entries (FN as in reward.fn), for example
     [openai/gsm8k=gsm8k, math_dapo=math_verify]; a row whose data_source is not listed gets
@@ -468,7 +468,7 @@ class EnvConfig:
 
     name: str = ""
     """The environment: a registry name (``grid``, ``tool_arith``; ``reasonrl env-check --list``)
-    or ``module:Class`` (a reasonrl Env, a text ``gymnasium.Env`` or a GEM environment); with
+    or ``module:Class`` / ``path/to/file.py:Class`` (a reasonrl Env, a text ``gymnasium.Env`` or a GEM environment); with
     it set the recipe's rollouts are episodes (the first observation is the prompt, the
     episode's return the reward): the training prompts are the first observations of reset
     seeds 0 .. data.train_size-1, the held-out ones those of data.test_size seeds from 10**9

@@ -80,7 +80,7 @@ def test_a_dry_run_checks_everything_prints_the_plan_and_writes_nothing(capsys, 
     assert "memory       ~" in out and "GB at peak" in out
     assert not run.exists()
     code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), "reward.fn=nowhere:score")
-    assert code == 2 and "reward function 'nowhere:score'" in err
+    assert code == 2 and "reward function = 'nowhere:score'" in err
     code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), f"model.path={tmp_path}")
     assert code == 2 and "not a Hugging Face model directory" in err
     code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), "run.device=cuda:7")

@@ -100,7 +100,7 @@ def launch_ranks(cfg: Config, model_dir: str | Path, run_dir: str | Path, *, ran
             return RayGroup(build_rank, [(cfg, model_dir, rank, world, run_dir, threads)], f"policy-rank{rank}",
                             timeout_s=timeout_s, start_timeout_s=timeout_s, resources=[options["resources"][bundle]],
                             placement=[options["placement"][bundle]])
-        return ProcessGroup(build_rank, (cfg, model_dir, rank, world, run_dir, threads), name=f"policy-rank{rank}",
+        return ProcessGroup(build_rank, [(cfg, model_dir, rank, world, run_dir, threads)], name=f"policy-rank{rank}",
                             timeout_s=timeout_s, start_timeout_s=timeout_s)
 
     return RankGroup(launch, world, timeout_s=timeout_s)

@@ -7,13 +7,15 @@
 
 Every call returns one :class:`~concurrent.futures.Future` per worker, so one controller
 drives workers in its own process (:class:`LocalGroup`: the call runs at once and the
-future is already done), in processes of their own (:class:`~reasonrl.runtime.process.ProcessGroup`)
-or, later, as Ray actors. A worker never imports this module.
+future is already done; :class:`ThreadGroup`: each worker serves its calls on a thread of
+its own), in processes of their own (:class:`~reasonrl.runtime.process.ProcessGroup`) or as
+Ray actors (:class:`~reasonrl.runtime.ray.RayGroup`). A worker never imports this module.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+import os
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from typing import Any, Protocol
 
 
@@ -27,11 +29,23 @@ class WorkerDied(RuntimeError):
 
 class WorkerGroup(Protocol):
     """Workers of one role. ``submit`` calls ``method`` on every worker with the same
-    arguments and returns their futures in worker order; ``call`` also waits for them."""
+    arguments and returns their futures in worker order; ``submit_to`` calls one worker;
+    ``call`` also waits for them. ``pids`` are the workers' process ids; ``restart(i)``
+    replaces worker ``i`` by a new one built from the same arguments (its calls in flight
+    fail); ``kill`` ends every worker at once."""
 
     size: int
 
+    @property
+    def pids(self) -> list[int]: ...
+
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Future]: ...
+
+    def submit_to(self, index: int, method: str, *args: Any, **kwargs: Any) -> Future: ...
+
+    def restart(self, index: int) -> None: ...
+
+    def kill(self) -> None: ...
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
 
@@ -47,9 +61,21 @@ def gather(futures: list[Future], timeout_s: float | None, what: str) -> list[An
         raise WorkerTimeout(f"{what}: no answer within {timeout_s} s") from None
 
 
+def _run(worker: Any, method: str, args: tuple, kwargs: dict) -> Future:
+    """A finished future holding ``worker.method(*args, **kwargs)`` or its exception."""
+    future: Future = Future()
+    try:
+        future.set_result(getattr(worker, method)(*args, **kwargs))
+    except Exception as err:  # noqa: BLE001 - delivered through the future
+        future.set_exception(err)
+    return future
+
+
 class LocalGroup:
     """Workers in this process: each call runs at once, in the caller's thread, and returns
-    finished futures (an exception the method raised is in its future)."""
+    finished futures (an exception the method raised is in its future). Workers cannot be
+    restarted (``restart`` and ``kill`` raise: a worker in the caller's own process has no
+    process to replace)."""
 
     def __init__(self, workers: list[Any]) -> None:
         if not workers:
@@ -57,22 +83,84 @@ class LocalGroup:
         self.workers = list(workers)
         self.size = len(self.workers)
 
+    @property
+    def pids(self) -> list[int]:
+        return [os.getpid()] * self.size
+
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
-        futures = []
-        for worker in self.workers:
-            future: Future = Future()
-            try:
-                future.set_result(getattr(worker, method)(*args, **kwargs))
-            except Exception as err:  # noqa: BLE001 - delivered through the future
-                future.set_exception(err)
-            futures.append(future)
-        return futures
+        return [_run(worker, method, args, kwargs) for worker in self.workers]
+
+    def submit_to(self, index: int, method: str, *args: Any, **kwargs: Any) -> Future:
+        return _run(self.workers[index], method, args, kwargs)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return gather(self.submit(method, *args, **kwargs), None, f"{type(self.workers[0]).__name__}.{method}")
+
+    def restart(self, index: int) -> None:
+        raise WorkerDied(f"{type(self.workers[index]).__name__}[{index}]: a worker in this process cannot be restarted")
+
+    def kill(self) -> None:
+        raise WorkerDied(f"{type(self.workers[0]).__name__}: workers in this process cannot be killed")
 
     def close(self) -> None:
         for worker in self.workers:
             close = getattr(worker, "close", None)
             if close is not None:
                 close()
+
+
+class ThreadGroup:
+    """Workers in this process, each serving its calls on a thread of its own, one at a time
+    in the order submitted (as a worker process would), built there by ``factory(*args)``,
+    one entry of ``args_per_worker`` each. A method named in ``concurrent`` runs at once in
+    the caller's thread instead, beside a running call (it must be thread-safe). Used where a
+    worker shares this process's memory (a rollout worker sampling from the policy's own
+    module) but must answer beside a long call. A thread cannot be killed: ``restart`` and
+    ``kill`` raise WorkerDied."""
+
+    def __init__(self, factory, args_per_worker: list[tuple], *, name: str, timeout_s: float,
+                 concurrent: tuple[str, ...] = ()) -> None:
+        if not args_per_worker:
+            raise ValueError(f"ThreadGroup {name}: expected at least one worker")
+        self.name, self.size, self.timeout_s = name, len(args_per_worker), timeout_s
+        self.concurrent = frozenset(concurrent)
+        self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"reasonrl-{name}{i}") for i in range(self.size)]
+        try:
+            self.workers = gather([t.submit(factory, *args) for t, args in zip(self._threads, args_per_worker)], None,
+                                  f"{name}: building the workers")
+        except BaseException:
+            for t in self._threads:
+                t.shutdown(wait=False)
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [os.getpid()] * self.size
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
+        return [self.submit_to(i, method, *args, **kwargs) for i in range(self.size)]
+
+    def submit_to(self, index: int, method: str, *args: Any, **kwargs: Any) -> Future:
+        if method in self.concurrent:
+            return _run(self.workers[index], method, args, kwargs)
+        return self._threads[index].submit(getattr(self.workers[index], method), *args, **kwargs)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return gather(self.submit(method, *args, **kwargs), self.timeout_s, f"{self.name}.{method}")
+
+    def restart(self, index: int) -> None:
+        raise WorkerDied(f"{self.name}[{index}]: a worker thread in this process cannot be restarted")
+
+    def kill(self) -> None:
+        raise WorkerDied(f"{self.name}: worker threads in this process cannot be killed")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Close each worker on its own thread after its running calls, waiting at most ``timeout_s``."""
+        closing = [t.submit(getattr(w, "close", lambda: None)) for t, w in zip(self._threads, self.workers)]
+        for future in closing:
+            try:
+                future.result(timeout=timeout_s)
+            except FutureTimeout:
+                pass
+        for t in self._threads:
+            t.shutdown(wait=False)

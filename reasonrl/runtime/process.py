@@ -1,12 +1,14 @@
 """Workers in processes of their own: the same worker classes, called over a pipe with futures.
 
-    group = ProcessGroup(build_producer, (cfg, model_dir), name="rollout", concurrent=("offer_weights",))
-    future, = group.submit("collect")          # returns at once; the child works on another core
+    group = ProcessGroup(build_rollout_worker, [(cfg, model_dir, 0), (cfg, model_dir, 1)], name="rollout",
+                         concurrent=("offer_weights",))
+    future = group.submit_to(1, "generate", ...)   # returns at once; the child works on another core
     ...
     batch = future.result(timeout=600)          # or WorkerDied if the child died meanwhile
 
 Each worker runs in a child process (``forkserver`` start, so a child never inherits the
-parent's threads; ``spawn`` where there is no forkserver) built by ``factory(*args)``. Calls
+parent's threads; ``spawn`` where there is no forkserver) built by ``factory(*args)``, one
+entry of ``args_per_worker`` each. Calls
 run one after another, in the order submitted, in the child's main thread; a method named in
 ``concurrent`` runs at once in the child's reader thread instead, beside a running call (it
 must be thread-safe: e.g. leaving new weights for the running call to pick up). Arguments
@@ -221,40 +223,48 @@ class _Child:
 
 
 class ProcessGroup:
-    """``size`` workers built by ``factory(*args)``, each in a process of its own.
+    """One worker per entry of ``args_per_worker``, each built by ``factory(*args)`` in a
+    process of its own: the WorkerGroup protocol, plus :meth:`submit_to`, :meth:`restart`,
+    :meth:`kill` and ``pids`` (as :class:`~reasonrl.runtime.ray.RayGroup`).
 
-    ``timeout_s`` bounds :meth:`call`; ``concurrent`` names the methods that run beside a
-    running call (see the module docstring). ``pids`` are the children's process ids.
+    ``timeout_s`` bounds :meth:`call`; ``start_timeout_s`` starting a worker (at start and in
+    :meth:`restart`); ``concurrent`` names the methods that run beside a running call (see the
+    module docstring). ``pids`` are the children's process ids.
     """
 
     def __init__(
         self,
         factory: Callable[..., Any],
-        args: tuple = (),
+        args_per_worker: list[tuple],
         *,
-        size: int = 1,
         name: str = "worker",
         timeout_s: float = 600.0,
         start_timeout_s: float = 300.0,
         concurrent: tuple[str, ...] = (),
     ) -> None:
-        if size < 1:
-            raise ValueError(f"ProcessGroup {name}: size={size}; expected >= 1")
-        ctx = _context()
-        if ctx.get_start_method() == "forkserver":
-            ctx.set_forkserver_preload(["torch", factory.__module__])
+        if len(args_per_worker) < 1:
+            raise ValueError(f"ProcessGroup {name}: expected at least one worker")
+        self._ctx = _context()
+        if self._ctx.get_start_method() == "forkserver":
+            self._ctx.set_forkserver_preload(["torch", factory.__module__])
         self.name = name
-        self.size = size
+        self.size = len(args_per_worker)
         self.timeout_s = timeout_s
+        self.start_timeout_s = start_timeout_s
+        self._factory, self._args = factory, [tuple(a) for a in args_per_worker]
+        self._concurrent = frozenset(concurrent)
         self._ids = itertools.count()
         self._children: list[_Child] = []
         try:
-            for rank in range(size):
-                label = name if size == 1 else f"{name}[{rank}]"
-                self._children.append(_Child(ctx, factory, args, frozenset(concurrent), label, start_timeout_s))
+            for rank in range(self.size):
+                self._children.append(self._start(rank))
         except BaseException:
             self.kill()
             raise
+
+    def _start(self, index: int) -> _Child:
+        label = self.name if self.size == 1 else f"{self.name}[{index}]"
+        return _Child(self._ctx, self._factory, self._args[index], self._concurrent, label, self.start_timeout_s)
 
     @property
     def pids(self) -> list[int]:
@@ -263,8 +273,20 @@ class ProcessGroup:
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
         return [child.submit(next(self._ids), method, args, kwargs) for child in self._children]
 
+    def submit_to(self, index: int, method: str, *args: Any, **kwargs: Any) -> Future:
+        """Call ``method`` on worker ``index`` only."""
+        return self._children[index].submit(next(self._ids), method, args, kwargs)
+
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return gather(self.submit(method, *args, **kwargs), self.timeout_s, f"{self.name}.{method}")
+
+    def restart(self, index: int) -> None:
+        """SIGKILL worker ``index`` and start a new one from the same arguments, within
+        ``start_timeout_s``; its calls in flight fail with WorkerDied, for the caller to submit again."""
+        old = self._children[index]
+        old.kill()
+        old.conn.close()
+        self._children[index] = self._start(index)
 
     def kill(self) -> None:
         """SIGKILL every child (a hung one included) and reap it; pending calls fail with WorkerDied."""

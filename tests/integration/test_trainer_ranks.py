@@ -129,7 +129,7 @@ def ranks(model_dir, tmp_path_factory):
     def launch(rank: int):
         if rank == 0:
             return LocalGroup([tunable_rank(cfg, model_dir, 0, 2, trace)])
-        return ProcessGroup(tunable_rank, (cfg, model_dir, rank, 2, trace), name=f"rank{rank}", timeout_s=60)
+        return ProcessGroup(tunable_rank, [(cfg, model_dir, rank, 2, trace)], name=f"rank{rank}", timeout_s=60)
 
     group = RankGroup(launch, 2, timeout_s=60)
     yield cfg, group
@@ -203,7 +203,7 @@ def fsdp_rank(cfg, model_dir, rank: int, world: int):
 def test_the_fsdp_path_computes_the_single_rank_update(model_dir, tmp_path):
     cfg = config(model_dir, tmp_path, "algo.off_policy=decoupled", "algo.loss_agg=seq-mean-token-mean",
                  "train.micro_batch_size=1")
-    group = RankGroup(lambda rank: ProcessGroup(fsdp_rank, (cfg, model_dir, rank, 2), name=f"fsdp{rank}", timeout_s=60),
+    group = RankGroup(lambda rank: ProcessGroup(fsdp_rank, [(cfg, model_dir, rank, 2)], name=f"fsdp{rank}", timeout_s=60),
                       2, timeout_s=60)
     single = PolicyWorker(cfg, model_dir)
     batch = replace(train_batch(), old_logprobs=None)
@@ -254,7 +254,7 @@ def test_fsdp_on_one_gpu_computes_the_single_rank_update(model_dir, tmp_path, dt
     cfg = config(model_dir, tmp_path, "run.device=cuda", f"model.dtype={dtype}", "train.strategy=fsdp",
                  "runtime.trainer_ranks=1")
     single = PolicyWorker(replace(cfg, train=replace(cfg.train, strategy="ddp")), model_dir)
-    group = RankGroup(lambda rank: ProcessGroup(build_rank, (cfg, model_dir, rank, 1, tmp_path, 1), name="fsdp-gpu",
+    group = RankGroup(lambda rank: ProcessGroup(build_rank, [(cfg, model_dir, rank, 1, tmp_path, 1)], name="fsdp-gpu",
                                                 timeout_s=120), 1, timeout_s=120)
     try:
         batch = on_cuda(train_batch())

@@ -29,7 +29,7 @@ def test_local_group_calls_every_worker_and_delivers_errors_through_futures():
 
 
 def test_process_group_runs_calls_in_order_in_another_process():
-    group = ProcessGroup(Counter, (5,), size=2, name="counter", timeout_s=60)
+    group = ProcessGroup(Counter, [(5,), (5,)], name="counter", timeout_s=60)
     try:
         assert len(set(group.pids)) == 2 and os.getpid() not in group.pids
         futures = [group.submit("add", 1) for _ in range(3)]
@@ -44,7 +44,7 @@ def test_process_group_runs_calls_in_order_in_another_process():
 
 
 def test_concurrent_methods_run_beside_a_running_call():
-    group = ProcessGroup(Counter, name="counter", timeout_s=60, concurrent=("set_flag",))
+    group = ProcessGroup(Counter, [()], name="counter", timeout_s=60, concurrent=("set_flag",))
     try:
         [waiting] = group.submit("wait_for_flag", 30.0)
         time.sleep(0.2)
@@ -56,7 +56,7 @@ def test_concurrent_methods_run_beside_a_running_call():
 
 
 def test_a_hung_call_times_out_and_a_dead_worker_fails_its_calls():
-    group = ProcessGroup(Counter, name="counter", timeout_s=0.5)
+    group = ProcessGroup(Counter, [()], name="counter", timeout_s=0.5)
     try:
         with pytest.raises(WorkerTimeout, match=r"counter.sleep: no answer within 0.5 s"):
             group.call("sleep", 30)
@@ -65,7 +65,7 @@ def test_a_hung_call_times_out_and_a_dead_worker_fails_its_calls():
             gather(group.submit("add", 1), 10, "add")
     finally:
         group.close()
-    group = ProcessGroup(Counter, name="counter", timeout_s=30)
+    group = ProcessGroup(Counter, [()], name="counter", timeout_s=30)
     [pending] = group.submit("sleep", 30)
     [dies] = group.submit("die")
     os.kill(group.pids[0], signal.SIGKILL)
@@ -78,7 +78,7 @@ def test_a_hung_call_times_out_and_a_dead_worker_fails_its_calls():
 
 def test_a_worker_that_cannot_be_built_raises_its_error():
     with pytest.raises(RuntimeError, match="cannot build this worker"):
-        ProcessGroup(broken, name="broken")
+        ProcessGroup(broken, [()], name="broken")
 
 
 def test_weights_cross_a_process_as_one_object_with_each_parameter_as_an_out_of_band_buffer():
@@ -93,7 +93,7 @@ def test_weights_cross_a_process_as_one_object_with_each_parameter_as_an_out_of_
 
 
 def test_a_process_group_returns_what_it_was_sent_with_its_buffers():
-    group = ProcessGroup(Echo, name="echo", timeout_s=30)
+    group = ProcessGroup(Echo, [()], name="echo", timeout_s=30)
     try:
         update = WeightsUpdate(5, {"w": torch.randn(300, 7), "h": torch.randn(9).bfloat16()})
         [back] = group.call("echo", update)
@@ -107,7 +107,7 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 from reasonrl.runtime import ProcessGroup
 from tests.worker_fixtures import Counter
-group = ProcessGroup(Counter, name="counter")
+group = ProcessGroup(Counter, [()], name="counter")
 print(group.pids[0], flush=True)
 time.sleep(60)
 """
@@ -134,3 +134,37 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_one_worker_of_a_process_group_is_called_alone_and_restarted_from_its_own_arguments():
+    group = ProcessGroup(Counter, [(1,), (100,)], name="pair", timeout_s=30)
+    try:
+        assert group.submit_to(1, "add", 5).result(timeout=30) == 105
+        assert group.call("add", 0) == [1, 105]  # worker 0 was not called
+        [pending] = [group.submit_to(1, "sleep", 30)]
+        old = group.pids[1]
+        group.restart(1)
+        with pytest.raises(WorkerDied):
+            pending.result(timeout=10)
+        assert group.pids[1] != old and group.pids[0] != old
+        assert group.call("add", 0) == [1, 100]  # the new worker 1 was built from (100,) again
+    finally:
+        group.close()
+
+
+def test_a_thread_group_serves_each_worker_on_its_own_thread_and_concurrent_methods_at_once():
+    from reasonrl.runtime.group import ThreadGroup
+
+    group = ThreadGroup(Counter, [(0,), (10,)], name="threads", timeout_s=30, concurrent=("set_flag",))
+    try:
+        waiting = group.submit_to(0, "wait_for_flag", 30.0)
+        assert group.submit_to(1, "add", 1).result(timeout=10) == 11  # worker 1 is not blocked by worker 0
+        time.sleep(0.1)
+        assert not waiting.done()
+        assert group.submit_to(0, "set_flag").result(timeout=1) is True  # beside worker 0's running call
+        assert waiting.result(timeout=10) is True
+        assert group.pids == [os.getpid()] * 2
+        with pytest.raises(WorkerDied, match="cannot be restarted"):
+            group.restart(0)
+    finally:
+        group.close()

@@ -83,7 +83,7 @@ def warm_setup(pool: int):
     from reasonrl import config
     from reasonrl.data.splits import load_splits
     from reasonrl.data.splits import encode_prompts
-    from reasonrl.data.model import load_model, load_tokenizer
+    from reasonrl.models.loading import load_model, load_tokenizer
     from reasonrl.data.sft import ensure_warm_start
     from reasonrl.reward.math import dapo_score
 

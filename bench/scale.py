@@ -104,7 +104,7 @@ def model_tensors(shape: str, dtype: str) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from bench.memory import QWEN25_05B
-    from reasonrl.data.model import build_tiny_model
+    from reasonrl.models.loading import build_tiny_model
     from reasonrl.data.tokenizer import build_char_tokenizer
 
     if shape == "embedded":

@@ -179,7 +179,7 @@ class Evaluator:
 
     def __init__(self, spec: dict) -> None:
         from reasonrl.config import load
-        from reasonrl.data.model import load_tokenizer, model_context
+        from reasonrl.models.loading import load_tokenizer, model_context
         from reasonrl.data.sft import resolve_model_dir
         from reasonrl.data.splits import load_splits, tokenize_prompts
         from reasonrl.evaluation import Evaluator as HeldOut
@@ -269,7 +269,7 @@ def worker_trl(spec: dict) -> None:
 
     from reasonrl.config import load
     from reasonrl.data.splits import load_splits
-    from reasonrl.data.model import load_model, load_tokenizer
+    from reasonrl.models.loading import load_model, load_tokenizer
     from reasonrl.reward.math import dapo_score
 
     transformers.logging.set_verbosity_warning()

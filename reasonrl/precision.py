@@ -3,7 +3,7 @@
 ``fp32``: everything in the parameters' dtype (``model.dtype``). ``bf16-mixed``: the parameters,
 their gradients and the AdamW state stay fp32 (``model.dtype=float32``), and the forward passes run
 under ``torch.autocast(dtype=bfloat16)``: matrix products and attention in bf16, the residual
-stream, norms, log-softmax and losses in fp32 (:mod:`reasonrl.decoder` casts the fused weights
+stream, norms, log-softmax and losses in fp32 (:mod:`reasonrl.models.decoder` casts the fused weights
 once per pass; ``transformers`` modules follow autocast's op lists). A pure-bf16 model
 (``model.dtype=bfloat16``) instead keeps the parameters themselves in bf16, where an AdamW step
 smaller than half a bf16 spacing (2^-8 relative) is rounded away.
@@ -31,7 +31,7 @@ def compute_context(precision: str, device: str) -> contextlib.AbstractContextMa
 
 def enable_checkpointing(module: torch.nn.Module) -> None:
     """Activation checkpointing on every decoder layer of a ``transformers`` model (non-reentrant
-    ``torch.utils.checkpoint``; :mod:`reasonrl.decoder` honours the same per-layer flag):
+    ``torch.utils.checkpoint``; :mod:`reasonrl.models.decoder` honours the same per-layer flag):
     ``activation_checkpointing_enable``, which transformers 5.23 names what older releases in
     our range call ``gradient_checkpointing_enable``."""
     enable = getattr(module, "activation_checkpointing_enable", None) or module.gradient_checkpointing_enable

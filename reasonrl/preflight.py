@@ -109,7 +109,7 @@ def preflight(cfg: Config) -> Plan:
 
     check_loggers(cfg.run.loggers)
     model_dir, model = _model_dir(cfg)
-    from reasonrl.data.model import check_device
+    from reasonrl.models.loading import check_device
 
     check_device(cfg.run.device)
     tokenizer, context = _tokenizer_and_context(model_dir)
@@ -205,7 +205,7 @@ def _check_creatable(run_dir: Path) -> None:
 def _model_dir(cfg: Config) -> tuple[Path | None, str]:
     """(the model directory, None for an embedded warm start not trained yet; its description)."""
     if cfg.model.path != "embedded":
-        from reasonrl.data.model import check_model_files
+        from reasonrl.models.loading import check_model_files
 
         check_model_files(cfg.model.path)
         return Path(cfg.model.path), cfg.model.path
@@ -229,7 +229,7 @@ def _model_shape(cfg: Config, model_dir: Path | None, vocab: int):
 
 def _tokenizer_and_context(model_dir: Path | None):
     """(tokenizer, max_position_embeddings) of the model directory, or of the embedded model."""
-    from reasonrl.data.model import EMBEDDED_MAX_POSITIONS, load_tokenizer, model_context
+    from reasonrl.models.loading import EMBEDDED_MAX_POSITIONS, load_tokenizer, model_context
 
     if model_dir is None:
         from reasonrl.data.tokenizer import build_char_tokenizer

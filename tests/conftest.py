@@ -77,7 +77,7 @@ def rollout() -> RolloutBatch:
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """A tiny random Qwen2 with the character tokenizer, saved as a Hugging Face model directory."""
-    from reasonrl.data.model import build_tiny_model
+    from reasonrl.models.loading import build_tiny_model
     from reasonrl.data.tokenizer import build_char_tokenizer
 
     out = tmp_path_factory.mktemp("tiny")

@@ -36,7 +36,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from reasonrl.checkpoint.store import CheckpointCorruptError, find_latest, fsync_dir, list_checkpoints, load_checkpoint
 from reasonrl.config import Config, load
-from reasonrl.data.model import join_eos_ids, load_model, load_tokenizer
+from reasonrl.models.loading import join_eos_ids, load_model, load_tokenizer
 from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.tokenizer import CHAT_TEMPLATE
 from reasonrl.errors import InputError, InputNotFound, error_line
@@ -116,7 +116,7 @@ def _available(root: Path) -> str:
 
 
 def training_tokenizer(cfg: Config, model_dir: Path) -> PreTrainedTokenizerBase:
-    """The tokenizer training used (:func:`~reasonrl.data.model.load_tokenizer` of ``model_dir``),
+    """The tokenizer training used (:func:`~reasonrl.models.loading.load_tokenizer` of ``model_dir``),
     with the embedded chat template added for ``model.path=embedded`` when the saved one has
     none (warm starts cached before the template existed): it renders the embedded prompt."""
     tokenizer = load_tokenizer(model_dir)
@@ -186,7 +186,7 @@ def check_target(out: Path) -> None:
 
 def generation_config(module: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
     """The module's generation config (a copy) with the EOS ids the trainer's rollouts stop on
-    (:func:`~reasonrl.data.model.join_eos_ids` of the tokenizer's and the config's: one id, or a
+    (:func:`~reasonrl.models.loading.join_eos_ids` of the tokenizer's and the config's: one id, or a
     list) and the tokenizer's pad id: generation stops where the trainer's rollouts stopped."""
     base = getattr(module, "generation_config", None)
     config = copy.deepcopy(base) if base is not None else GenerationConfig.from_model_config(module.config)

@@ -25,7 +25,7 @@ import torch
 
 from reasonrl.config import Config, SFTConfig
 from reasonrl.data import tasks
-from reasonrl.data.model import build_tiny_model
+from reasonrl.models.loading import build_tiny_model
 from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.reward.math import dapo_score
 from reasonrl.rollout.fast import FastGenerator

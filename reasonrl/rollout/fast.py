@@ -5,7 +5,7 @@ decoding, the same tokens. Each distinct prompt is encoded once (one prefill of 
 left-padded prompts, its cache then copied to its ``n`` samples); each step then feeds one
 token per live row, never re-encoding the prefix; rows that emitted EOS are dropped from
 the work by compacting the batch and the cache. The model runs through
-:class:`~reasonrl.decoder.LeanDecoder`: about 20 tensor operations per layer and step.
+:class:`~reasonrl.models.decoder.LeanDecoder`: about 20 tensor operations per layer and step.
 
 On a CUDA device a step (sampling included) is instead captured once per batch as a CUDA
 graph and replayed (:meth:`FastGenerator._static_step`): a small model's step is hundreds
@@ -34,7 +34,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from reasonrl.decoder import KVCache, LeanDecoder
+from reasonrl.models.decoder import KVCache, LeanDecoder
 from reasonrl.errors import InputError
 from reasonrl.rollout.base import copy_weights
 from reasonrl.rollout.hf import (
@@ -115,7 +115,7 @@ def capture_graph(fn: Callable[[], None], device: torch.device) -> torch.cuda.CU
 class FastGenerator:
     """Rollouts with a hand-written batched decode loop over the trainer's own decoder.
 
-    Runs the model's parameters through :class:`~reasonrl.decoder.LeanDecoder` (Llama,
+    Runs the model's parameters through :class:`~reasonrl.models.decoder.LeanDecoder` (Llama,
     Qwen2 and Qwen3 decoders; ``rollout.backend=hf`` runs any other causal LM). It samples
     with ``model``: the trainer's own module when colocated with the policy (every update
     is seen at once), or a copy that :meth:`load_weights` refreshes. The returned tensors
@@ -398,7 +398,7 @@ class FastContinuation(Continuation):
     """A :class:`~reasonrl.rollout.hf.Continuation` over one key/value cache: each distinct prompt
     is encoded once (:meth:`FastGenerator._prefill`), then every token once: a turn feeds one
     token per live row and step, :meth:`extend` each row's tokens as one ragged chunk
-    (:meth:`~reasonrl.decoder.LeanDecoder.extend`, per-row rotary positions and key mask);
+    (:meth:`~reasonrl.models.decoder.LeanDecoder.extend`, per-row rotary positions and key mask);
     the prefix is never encoded again.
 
     Cache row ``r``: its left-padded prompt in slots ``< P`` (real ones from ``low[r]``),

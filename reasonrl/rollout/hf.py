@@ -5,7 +5,7 @@ forward over the whole token sequence each turn).
 Also holds the helpers every backend shares: :func:`pad_prompts` (repeat and
 left-pad the prompts), :func:`assemble` (turn generated tokens and their raw
 logits into a :class:`~reasonrl.types.RolloutBatch`), :func:`eos_tuple` / :func:`is_eos`
-(a sample ends on any of the model's EOS ids, :func:`~reasonrl.data.model.load_eos_ids`),
+(a sample ends on any of the model's EOS ids, :func:`~reasonrl.models.loading.load_eos_ids`),
 :func:`sample` (one token per row from logits) and the :class:`Continuation` protocol of
 multi-turn continuation (token ids in, token ids out).
 """

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModel
 
-from reasonrl.data.model import DTYPES
-from reasonrl.decoder import LeanDecoder, unsupported_reason
+from reasonrl.models.loading import DTYPES
+from reasonrl.models.decoder import LeanDecoder, unsupported_reason
 from reasonrl.train.logprobs import per_token_scores, response_hidden, sequence_inputs
 from reasonrl.types import RolloutBatch
 

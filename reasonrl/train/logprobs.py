@@ -4,7 +4,7 @@ The model sees ``prompt ++ response`` with position ids counted from the first r
 token, exactly the inputs the generator saw, so log-probs recomputed here equal the
 sampling log-probs for the same weights.
 
-Two forward paths compute the same function: models that :class:`~reasonrl.decoder.LeanDecoder`
+Two forward paths compute the same function: models that :class:`~reasonrl.models.decoder.LeanDecoder`
 supports (Llama, Qwen2, Qwen3) encode each distinct prompt of a micro-batch once (the
 ``n`` samples of a prompt share it) and run the LM head only where a response token is
 predicted; any other causal LM runs through its ``transformers`` forward on the rows
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from reasonrl.algo import entropy_from_logits, token_logprobs
-from reasonrl.decoder import LeanDecoder, unsupported_reason
+from reasonrl.models.decoder import LeanDecoder, unsupported_reason
 from reasonrl.types import RolloutBatch
 
 
@@ -41,7 +41,7 @@ def sequence_inputs(rollout: RolloutBatch, rows: torch.Tensor) -> tuple[dict[str
 
 def shared_prefix_inputs(rollout: RolloutBatch, rows: torch.Tensor):
     """``(prefix_ids [U, Pm], prefix_len [U], parent [b], response_ids [b, T'], T')`` for
-    :meth:`~reasonrl.decoder.LeanDecoder.response_hidden`: the distinct prompts among ``rows``
+    :meth:`~reasonrl.models.decoder.LeanDecoder.response_hidden`: the distinct prompts among ``rows``
     (real tokens first), the prompt of each row, the responses trimmed to the longest."""
     P = rollout.prompt_ids.shape[1]
     key = torch.cat([rollout.prompt_ids[rows], rollout.prompt_mask[rows].long()], 1)

@@ -8,7 +8,7 @@ import torch
 
 from reasonrl.checkpoint.export import training_tokenizer, write_model_dir
 from reasonrl.config import Config
-from reasonrl.data.model import load_model
+from reasonrl.models.loading import load_model
 from reasonrl.precision import compute_context, enable_checkpointing
 from reasonrl.train.distributed import DataParallel
 from reasonrl.train.logprobs import compute_logprobs, sequence_lengths

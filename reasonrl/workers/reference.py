@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from reasonrl.config import Config
-from reasonrl.data.model import load_model
+from reasonrl.models.loading import load_model
 from reasonrl.precision import compute_context
 from reasonrl.train.logprobs import compute_logprobs
 from reasonrl.types import RolloutBatch

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from reasonrl import algo
 from reasonrl.config import Config
-from reasonrl.data.model import load_tokenizer
+from reasonrl.models.loading import load_tokenizer
 from reasonrl.reward.base import Grades, row_fields
 from reasonrl.reward.episode import episode_grades
 from reasonrl.reward.pool import RewardPool

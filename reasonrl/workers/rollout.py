@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from reasonrl.config import Config
-from reasonrl.data.model import load_eos_ids, load_model, load_tokenizer
+from reasonrl.models.loading import load_eos_ids, load_model, load_tokenizer
 from reasonrl.env.pool import EnvPool
 from reasonrl.precision import compute_context
 from reasonrl.rollout.agent_loop import AgentLoop

@@ -32,7 +32,7 @@ import torch
 
 from reasonrl.checkpoint.export import training_tokenizer, write_model_dir
 from reasonrl.config import Config
-from reasonrl.data.model import load_model
+from reasonrl.models.loading import load_model
 from reasonrl.errors import InputError
 from reasonrl.train.distributed import DataParallel, Recorder, TraceWriter
 from reasonrl.types import RolloutBatch, TrainBatch, WeightsUpdate

@@ -8,7 +8,7 @@ import torch
 
 from reasonrl.config import load
 from reasonrl.controller import Controller
-from reasonrl.decoder import LeanDecoder
+from reasonrl.models.decoder import LeanDecoder
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.train.logprobs import compute_logprobs, response_hidden

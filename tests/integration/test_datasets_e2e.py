@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def long_model(tmp_path_factory):
     """A tiny random Llama with the embedded character tokenizer and 2,048 positions."""
-    from reasonrl.data.model import build_tiny_model
+    from reasonrl.models.loading import build_tiny_model
     from reasonrl.data.tokenizer import build_char_tokenizer
 
     out = tmp_path_factory.mktemp("long")

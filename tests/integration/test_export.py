@@ -15,7 +15,7 @@ from reasonrl.checkpoint import CheckpointWriter, load_checkpoint
 from reasonrl.checkpoint.export import MARKER, PROBES, export_model, training_tokenizer, write_model_dir
 from reasonrl.config import dump, load
 from reasonrl.controller import Controller
-from reasonrl.data.model import DTYPES, build_tiny_model, load_model, load_tokenizer
+from reasonrl.models.loading import DTYPES, build_tiny_model, load_model, load_tokenizer
 from reasonrl.data.tokenizer import CHAT_TEMPLATE, build_char_tokenizer
 from reasonrl.errors import InputError
 from tests.conftest import tiny_run

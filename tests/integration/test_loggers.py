@@ -15,7 +15,7 @@ import torch
 from reasonrl.cli import RECIPES
 from reasonrl.config import load
 from reasonrl.controller import Controller, logger_samples, reward_extras, spread_rows
-from reasonrl.data.model import load_tokenizer
+from reasonrl.models.loading import load_tokenizer
 from reasonrl.errors import InputError
 from reasonrl.loggers import TensorBoardLogger, WandbLogger, open_loggers
 from reasonrl.metrics import Sample, read_jsonl

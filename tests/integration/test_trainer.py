@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from reasonrl.cli import main
 from reasonrl.config import load
 from reasonrl.controller import Controller
-from reasonrl.data.model import load_model
+from reasonrl.models.loading import load_model
 from reasonrl.errors import ResumeError
 from reasonrl.metrics import read_jsonl
 from reasonrl.rollout.scheduler import DynamicSamplingError
@@ -87,7 +87,7 @@ def test_resume_onto_weights_of_another_shape_is_refused(model_dir, tmp_path):
     checkpoint was written: a ResumeError (exit 2, no restart), not a crash to restart."""
     import shutil
 
-    from reasonrl.data.model import build_tiny_model, load_tokenizer
+    from reasonrl.models.loading import build_tiny_model, load_tokenizer
 
     base = tmp_path / "model"
     shutil.copytree(model_dir, base)

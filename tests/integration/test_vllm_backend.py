@@ -32,7 +32,7 @@ PROMPTS = [[5, 9, 14, 20], [7, 2, 30, 4, 5, 11, 12], [22, 8], [(7 * i) % 50 + 3 
 def trainer(tmp_path_factory):
     """A Controller with ``rollout.backend=vllm`` on a tiny random Qwen2 (head size 32, which
     vLLM's CPU attention supports) with the character tokenizer."""
-    from reasonrl.data.model import build_tiny_model
+    from reasonrl.models.loading import build_tiny_model
     from reasonrl.data.tokenizer import build_char_tokenizer
 
     model_dir = tmp_path_factory.mktemp("vllm-model")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from reasonrl.config import EnvConfig
-from reasonrl.data.model import build_tiny_model
+from reasonrl.models.loading import build_tiny_model
 from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.rollout.agent_loop import AgentLoop, episode_return, observation_ids
 from reasonrl.rollout.fast import FastGenerator

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from reasonrl.decoder import LeanDecoder, unsupported_reason
+from reasonrl.models.decoder import LeanDecoder, unsupported_reason
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.train.logprobs import compute_logprobs, micro_batches, response_hidden, shared_prefix_inputs

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from reasonrl.config import EnvConfig, load
 from reasonrl.data import sft
-from reasonrl.data.model import load_tokenizer
+from reasonrl.models.loading import load_tokenizer
 from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.env import warmstart as W
 from reasonrl.env.pool import EnvPool

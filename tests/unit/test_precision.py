@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from reasonrl.algo import logprob_mismatch
-from reasonrl.decoder import LeanDecoder
+from reasonrl.models.decoder import LeanDecoder
 from reasonrl.precision import compute_context, enable_checkpointing
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.train.logprobs import policy_logprobs, response_hidden

@@ -24,7 +24,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 from reasonrl.checkpoint.export import generation_config
 from reasonrl.config import load
 from reasonrl.data.datasets import render_prompt
-from reasonrl.data.model import load_eos_ids, load_model, load_tokenizer, model_context
+from reasonrl.models.loading import load_eos_ids, load_model, load_tokenizer, model_context
 from reasonrl.data.splits import encode_prompts, tokenize_prompts
 from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.errors import InputError

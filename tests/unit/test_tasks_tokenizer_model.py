@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from reasonrl.data import tasks
-from reasonrl.data.model import build_tiny_model, load_model, load_tokenizer
+from reasonrl.models.loading import build_tiny_model, load_model, load_tokenizer
 from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.reward.math import dapo_score
 

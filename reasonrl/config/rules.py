@@ -1,0 +1,203 @@
+"""``validate``: the single-key ranges and the rules that tie several keys of a Config together."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import fields, is_dataclass
+from typing import Any, Callable, Iterator
+
+from reasonrl.config.schema import Config, ConfigError
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError on the first value no run can use: the ranges in ``_RANGES``, then
+    the rules that tie several keys together."""
+    r, a, t, s = cfg.rollout, cfg.algo, cfg.train, cfg.sft
+    for key, value in _leaves(cfg, ""):
+        if isinstance(value, float):
+            _require(math.isfinite(value), key, value, "must be a finite number")
+    for key, (ok, allowed) in _RANGES.items():
+        value = functools.reduce(getattr, key.split("."), cfg)
+        _require(ok(value), key, value, f"must be {allowed}")
+    batch = t.prompts_per_step * r.n
+    _require(batch % t.mini_batch_size == 0, "train.mini_batch_size", t.mini_batch_size,
+             f"must divide the train batch train.prompts_per_step * rollout.n = {t.prompts_per_step} * {r.n} = {batch}")
+    _require(t.micro_batch_tokens > 0 or t.mini_batch_size % t.micro_batch_size == 0, "train.micro_batch_size", t.micro_batch_size,
+             f"must divide train.mini_batch_size = {t.mini_batch_size}")
+    _require(t.gen_prompts_per_step == 0 or t.gen_prompts_per_step >= t.prompts_per_step,
+             "train.gen_prompts_per_step", t.gen_prompts_per_step,
+             f"must be 0 or >= train.prompts_per_step = {t.prompts_per_step}")
+    _require(a.eps_high >= a.eps_low, "algo.eps_high", a.eps_high,
+             f"clip-higher needs eps_high >= eps_low (algo.eps_low = {a.eps_low})")
+    _require(a.overlong_buffer < r.max_new_tokens, "algo.overlong_buffer", a.overlong_buffer,
+             f"the overlong buffer must be shorter than the max response (rollout.max_new_tokens = {r.max_new_tokens})")
+    _require(r.n >= 2 or a.adv_estimator not in _GROUP_RELATIVE, "rollout.n", r.n,
+             f"group-relative estimators need at least 2 samples per prompt (algo.adv_estimator = {a.adv_estimator!r})")
+    _require(r.mode != "sync" or r.max_staleness == 0, "rollout.max_staleness", r.max_staleness,
+             "synchronous rollouts are never stale; set rollout.mode=async or lockstep to generate ahead")
+    _require(r.max_staleness == 0 or a.off_policy != "none", "rollout.max_staleness", r.max_staleness,
+             "training on samples from older weights without a correction collapses (AReaL: AIME24 42.0 -> 23.3 "
+             "at staleness 4); set algo.off_policy to bypass, tis or decoupled")
+    _require(not r.interrupt or (r.mode == "async" and r.backend == "fast"), "rollout.interrupt", r.interrupt,
+             f"partial rollouts need rollout.mode=async and rollout.backend=fast (got {r.mode!r}, {r.backend!r})")
+    _require(r.mode == "sync" or cfg.resilience.rollout_workers == 1, "resilience.rollout_workers",
+             cfg.resilience.rollout_workers, f"rollout.mode={r.mode} runs one rollout process; several rollout workers "
+             "sharing a batch are for rollout.mode=sync")
+    _require(a.off_policy != "bypass" or t.old_logprobs != "recompute", "train.old_logprobs", t.old_logprobs,
+             "algo.off_policy=bypass takes the sampling log-probs as the anchor; recompute contradicts it")
+    _require(a.off_policy not in ("tis", "decoupled") or t.old_logprobs != "rollout", "train.old_logprobs",
+             t.old_logprobs, f"algo.off_policy={a.off_policy} recomputes the anchor at the start of the update")
+    _require(t.precision != "bf16-mixed" or cfg.model.dtype == "float32", "model.dtype", cfg.model.dtype,
+             "train.precision=bf16-mixed keeps the parameters in float32 (bf16 products); set model.dtype=float32, "
+             "or train.precision=fp32 for pure low-precision parameters")
+    _require(cfg.runtime.engine == "local" or cfg.resilience.rollout_workers == 1, "resilience.rollout_workers",
+             cfg.resilience.rollout_workers, "runtime.engine=ray runs the rollout side as one actor")
+    e = cfg.env
+    if e.name:
+        _require(r.backend != "vllm", "rollout.backend", r.backend,
+                 f"multi-turn episodes (env.name = {e.name!r}) continue each sequence with the environment's tokens, "
+                 "which the fast and hf backends do; set rollout.backend=fast")
+        _require(cfg.resilience.rollout_workers == 1, "resilience.rollout_workers", cfg.resilience.rollout_workers,
+                 f"multi-turn episodes (env.name = {e.name!r}) run on one rollout worker, with env.workers environment processes")
+        _require(not r.interrupt, "rollout.interrupt", r.interrupt,
+                 f"an episode (env.name = {e.name!r}) is not interrupted by new weights; set rollout.interrupt=false")
+    _require(_compiles(e.tool_call_pattern) and re.compile(e.tool_call_pattern).groups >= 1,
+             "env.tool_call_pattern", e.tool_call_pattern, "must be a regular expression with a group that holds the call's JSON")
+    _require("{output}" in e.tool_response_format, "env.tool_response_format", e.tool_response_format,
+             "must contain {output}, where the tool's output goes")
+    _require(t.strategy != "fsdp" or cfg.run.device.startswith("cuda"), "train.strategy", t.strategy,
+             f"FSDP shards over GPUs (nccl); on run.device = {cfg.run.device!r} use train.strategy=ddp")
+    _require(t.strategy != "fsdp" or r.mode != "sync" or cfg.runtime.engine == "ray", "train.strategy", t.strategy,
+             "FSDP shards rank 0's module, which a synchronous rollout in this process would sample from; set "
+             "rollout.mode=lockstep (the rollout side holds its own weights)")
+    _require(s.hidden_size % s.heads == 0, "sft.heads", s.heads, f"must divide sft.hidden_size = {s.hidden_size}")
+    _require(s.heads % s.kv_heads == 0, "sft.kv_heads", s.kv_heads, f"must divide sft.heads = {s.heads}")
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
+
+
+def _leaves(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf field under a config node, in declaration order."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, value
+
+
+# --- validation rules ---------------------------------------------------------------
+
+_POSITIVE = (lambda v: v > 0, "> 0")
+_NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
+_AT_LEAST_1 = (lambda v: v >= 1, ">= 1")
+_UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?|mps")
+_GROUP_RELATIVE = ("grpo", "rloo", "dr_grpo", "lite_ppo")
+
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "run.threads": _NON_NEGATIVE,
+    "run.log_every": _NON_NEGATIVE,
+    "run.log_samples": _NON_NEGATIVE,
+    "run.device": (lambda v: _DEVICE.fullmatch(v) is not None, "cpu, cuda, cuda:N or mps"),
+    "data.families": (lambda v: len(v) > 0, "a non-empty list"),
+    "data.train_size": _AT_LEAST_1,
+    "data.test_size": _AT_LEAST_1,
+    "data.max_prompt_len": _AT_LEAST_1,
+    "sft.hidden_size": _AT_LEAST_1,
+    "sft.layers": _AT_LEAST_1,
+    "sft.heads": _AT_LEAST_1,
+    "sft.kv_heads": _AT_LEAST_1,
+    "sft.intermediate_size": _AT_LEAST_1,
+    "sft.lr": _POSITIVE,
+    "sft.batch_size": _AT_LEAST_1,
+    "sft.max_steps": _AT_LEAST_1,
+    "sft.eval_every": _AT_LEAST_1,
+    "sft.eval_size": _AT_LEAST_1,
+    "sft.target_acc": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.n": _AT_LEAST_1,
+    "rollout.temperature": _POSITIVE,
+    "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.top_k": _NON_NEGATIVE,
+    "rollout.max_new_tokens": _AT_LEAST_1,
+    "rollout.vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.vllm_max_model_len": (lambda v: v is None or v >= 2, "null or >= 2"),
+    "rollout.max_staleness": _NON_NEGATIVE,
+    "rollout.threads": _NON_NEGATIVE,
+    "algo.eps_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "algo.eps_high": _NON_NEGATIVE,
+    "algo.dual_clip": (lambda v: v is None or v > 1, "null or > 1"),
+    "algo.kl_loss_coef": _NON_NEGATIVE,
+    "algo.entropy_coef": _NON_NEGATIVE,
+    "algo.gamma": _UNIT,
+    "algo.lam": _UNIT,
+    "algo.max_gen_batches": _AT_LEAST_1,
+    "algo.oversample": (lambda v: v >= 1, ">= 1"),
+    "algo.overlong_buffer": _NON_NEGATIVE,
+    "algo.overlong_penalty": _NON_NEGATIVE,
+    "algo.tis_cap": (lambda v: v >= 1, ">= 1"),
+    "train.total_steps": _AT_LEAST_1,
+    "train.prompts_per_step": _AT_LEAST_1,
+    "train.ppo_epochs": _AT_LEAST_1,
+    "train.mini_batch_size": _AT_LEAST_1,
+    "train.micro_batch_size": _AT_LEAST_1,
+    "train.micro_batch_tokens": _NON_NEGATIVE,
+    "train.lr": _POSITIVE,
+    "train.warmup_steps": _NON_NEGATIVE,
+    "train.weight_decay": _NON_NEGATIVE,
+    "train.grad_clip": _POSITIVE,
+    "train.critic_lr": _POSITIVE,
+    "train.value_clip": _POSITIVE,
+    "train.value_coef": _NON_NEGATIVE,
+    "eval.every_steps": _NON_NEGATIVE,
+    "eval.n_prompts": _AT_LEAST_1,
+    "eval.k": (lambda v: 1 <= v <= 64, "in [1, 64]"),
+    "eval.temperature": _POSITIVE,
+    "eval.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "eval.top_k": _NON_NEGATIVE,
+    "eval.max_new_tokens": _NON_NEGATIVE,
+    "eval.batch_prompts": _AT_LEAST_1,
+    "checkpoint.every_steps": _NON_NEGATIVE,
+    "checkpoint.every_minutes": _NON_NEGATIVE,
+    "checkpoint.keep": _AT_LEAST_1,
+    "checkpoint.final_retries": _AT_LEAST_1,
+    "resilience.max_restarts": _NON_NEGATIVE,
+    "resilience.backoff_s": _NON_NEGATIVE,
+    "resilience.hang_timeout_s": _NON_NEGATIVE,
+    "resilience.nonfinite_max_consecutive": _AT_LEAST_1,
+    "resilience.spike_window": (lambda v: v >= 5, ">= 5 (the detector needs 5 values of history)"),
+    "resilience.spike_threshold": _POSITIVE,
+    "resilience.spike_min_delta": _NON_NEGATIVE,
+    "resilience.spike_min_spread": _NON_NEGATIVE,
+    "resilience.slow_ratio": (lambda v: v > 1, "> 1"),
+    "resilience.slow_window": (lambda v: v >= 4, ">= 4 (the detector compares medians of 4 recent steps)"),
+    "resilience.slow_min_s": _NON_NEGATIVE,
+    "resilience.rollout_workers": _AT_LEAST_1,
+    "resilience.reward_workers": _NON_NEGATIVE,
+    "resilience.reward_timeout_s": _POSITIVE,
+    "resilience.reward_max_failures": _AT_LEAST_1,
+    "resilience.rollout_timeout_s": _POSITIVE,
+    "resilience.rollout_restarts": _NON_NEGATIVE,
+    "env.max_turns": _AT_LEAST_1,
+    "env.max_tokens": _AT_LEAST_1,
+    "env.gamma": _UNIT,
+    "env.workers": _NON_NEGATIVE,
+    "env.step_timeout_s": _POSITIVE,
+    "runtime.trainer_ranks": _AT_LEAST_1,
+    "runtime.collective_timeout_s": _POSITIVE,
+}
+"""Single-key rules: dotted key -> (predicate, what is allowed). Checked in this order,
+before the cross-key rules in ``validate`` (which may then divide by the sizes)."""
+
+
+def _require(ok: bool, key: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r}: {why}", key)

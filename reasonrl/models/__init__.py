@@ -1,0 +1,1 @@
+"""Models: the lean decoder (``decoder``), Hugging Face directory loading and the tiny model builder (``loading``)."""

@@ -70,6 +70,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(complete_summary(cfg))
         return 0
     print(f"memory: {plan.memory}", flush=True)
+    print("roles:\n" + "\n".join(f"  {line}" for line in plan.topology.lines()), flush=True)
     if args.no_supervisor or not cfg.resilience.supervise:
         return _train_here(cfg)
     from reasonrl.resilience.supervisor import train_supervised
@@ -207,7 +208,7 @@ def cmd_env_check(args: argparse.Namespace) -> int:
         raise InputError("env-check: expected an environment name (a shipped one: --list; module:Class; or path/to/file.py:Class)")
     cfg = load(None, [f"env.name={args.name}", *args.overrides])
     e = cfg.env
-    report = env_check(e.name, e.args, args.episodes, args.seed, args.policy, e.step_timeout_s,
+    report = env_check(e.name, e.args, args.episodes, args.seed, args.policy, cfg.runtime.roles.env.timeout_s,
                        args.max_turns or e.max_turns, e.tools, e.tool_call_pattern, e.tool_response_format)
     print(report.describe())
     return 0 if report.passed else 1
@@ -335,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("env-check", help="play an environment with a random or scripted policy; check its "
                                          "protocol, determinism by seed and timing; print returns and lengths")
     p.add_argument("name", nargs="?", default=None, help="a shipped environment (grid, tool_arith), module:Class or path/to/file.py:Class")
-    p.add_argument("overrides", nargs="*", help="env.* overrides (env.args.size=5, env.step_timeout_s=2, ...)")
+    p.add_argument("overrides", nargs="*", help="env.* and runtime.roles.env.* overrides (env.args.size=5, runtime.roles.env.timeout_s=2, ...)")
     p.add_argument("--list", action="store_true", help="list the shipped environments")
     p.add_argument("--episodes", type=int, default=20, help="episodes to play (default 20)")
     p.add_argument("--seed", type=int, default=0, help="the first reset seed (default 0)")

@@ -1,12 +1,12 @@
-"""The controller: wires the workers from a Config and runs ``step()`` in data-flow order.
+"""The controller: runs ``step()`` over a run's roles in data-flow order.
 
     prompts -> rollout -> reward -> filter -> queue -> logprobs -> advantages -> update -> publish
     source     RolloutWorker RewardWorker keep_groups  PolicyWorker  algo.*      Critic/Policy  weights()
 
-The workers (policy, reference, critic, rollout, reward) own their modules and state; the
-controller holds none of them directly, only their groups (:mod:`reasonrl.runtime`), the
-rollout source (:mod:`reasonrl.rollout.source`), the guards and the registry of what a
-checkpoint holds. ``run()`` adds validation, metrics, checkpoints (resume, rollback) and
+The workers (policy, reference, critic, rollout, reward) own their modules and state and are
+built where the topology puts them (:mod:`reasonrl.build`); the controller holds none of them
+directly, only their groups (:mod:`reasonrl.runtime`), the rollout source
+(:mod:`reasonrl.rollout.source`), the guards and the registry of what a checkpoint holds. ``run()`` adds validation, metrics, checkpoints (resume, rollback) and
 the final export.
 """
 
@@ -21,49 +21,32 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from reasonrl import algo
+from reasonrl.build import RunContext, build
 from reasonrl.checkpoint import CheckpointWriteError, ProcessRNG, StateRegistry, find_latest, list_checkpoints, load_checkpoint
 from reasonrl.config import Config, config_hash, dump
-from reasonrl.models.loading import load_tokenizer, model_context
-from reasonrl.data.sft import resolve_model_dir
 from reasonrl.data.sources import source_name
-from reasonrl.data.splits import tokenize_prompts
-from reasonrl.env.splits import run_splits
-from reasonrl.errors import InputError, LimitError, ResumeError, error_line
-from reasonrl.evaluation import Evaluator
+from reasonrl.errors import LimitError, ResumeError, error_line
 from reasonrl.loggers import check_loggers, open_loggers
 from reasonrl.memory import PeakMemory
 from reasonrl.metrics import EventLog, MetricsSink, Sample, StepLog, logging_step, read_jsonl, timed
-from reasonrl.resilience.collectives import TRACE_DIR, RankMonitor, launch_ranks
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.faults import parse_faults
 from reasonrl.resilience.guards import NonFiniteGuard, StageWatchdog, run_detectors
-from reasonrl.resilience.injection import FaultyHeartbeat, FaultyPolicy, FaultyRewards, FaultyRollout, checkpoint_writer
+from reasonrl.resilience.injection import FaultyHeartbeat, checkpoint_writer
 from reasonrl.resilience.rundir import RunLock, check_run_dir
-from reasonrl.resilience.shards import ShardedRollouts
 from reasonrl.rollout.agent_loop import AgentLoop
-from reasonrl.rollout.source import AsyncSource, RolloutProducer, SyncSource
+from reasonrl.runtime import WorkerTimeout
+from reasonrl.runtime.topology import Topology, plan
 from reasonrl.samples import sample_records
 from reasonrl.train.update import sampler_gap
-from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
 from reasonrl.types import Prompt, ScoredBatch, TrainBatch
-from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker, trainer_numerics
-
-GROUP_ESTIMATORS = {"grpo": algo.grpo, "dr_grpo": algo.dr_grpo, "lite_ppo": algo.lite_ppo, "rloo": algo.rloo}
-
-
-def build_producer(cfg: Config, model_dir: Path, prompts: list[Prompt], prompt_ids: list[list[int]], threads: int) -> RolloutProducer:
-    """The rollout side of ``rollout.mode=async|lockstep``, built inside its own process: a
-    rollout worker with its own copy of the weights, a reward worker, the scheduler."""
-    setup_torch(threads, cfg.run.deterministic)
-    rollout = RolloutWorker(cfg, model_dir)
-    return RolloutProducer(cfg, rollout, RewardWorker(cfg, model_dir), prompts, prompt_ids, rollout.pad_id)
+from reasonrl.workers import trainer_numerics
 
 
 class _Role:
@@ -94,14 +77,15 @@ def data_fingerprint(prompts: list[Prompt]) -> str:
 
 
 class Controller:
-    """Builds the workers of a run from its Config and trains them (``run()``).
+    """Trains a run's roles (:func:`reasonrl.build.build`, where :func:`~reasonrl.runtime.topology.plan`
+    puts them) to ``train.total_steps`` (``run()``).
 
     The run directory is locked for the controller's life (one trainer per directory) and
     nothing is written to it until the resume check has passed: a refused resume leaves the
     directory as it was. ``close()`` releases everything.
     """
 
-    def __init__(self, cfg: Config, log=print) -> None:
+    def __init__(self, cfg: Config, log=print, topology: Topology | None = None) -> None:
         self.cfg = cfg
         self.log = log
         check_loggers(cfg.run.loggers)
@@ -109,29 +93,14 @@ class Controller:
         check_run_dir(self.run_dir)
         self.lock = RunLock(self.run_dir, "trainer").acquire()
         try:
-            self._build(cfg, log)
+            self._build(cfg, log, topology or plan(cfg))
         except BaseException:
             self.lock.release()
             raise
 
-    def _build(self, cfg: Config, log) -> None:
-        setup_torch(cfg.run.threads, cfg.run.deterministic)
+    def _build(self, cfg: Config, log, topology: Topology) -> None:
         torch.manual_seed(cfg.run.seed)
         self.events = EventLog(self.run_dir)
-        self.model_dir = resolve_model_dir(cfg, log)
-        self.tokenizer = load_tokenizer(self.model_dir)
-        self.pad_id = self.tokenizer.pad_token_id
-        splits = run_splits(cfg)
-        log(f"data: {splits.description}")
-        context = model_context(self.model_dir)
-        train_tokens = tokenize_prompts(splits.train, self.tokenizer, cfg, context, splits.train_from)
-        test_tokens = tokenize_prompts(splits.test, self.tokenizer, cfg, context, splits.test_from, held_out=True)
-        for note in (train_tokens.note(splits.train_from), test_tokens.note(splits.test_from)):
-            if note:
-                log(f"data: {note}")
-        train, train_ids = train_tokens.prompts, train_tokens.ids
-        test, test_ids = test_tokens.prompts, test_tokens.ids
-        self.fingerprint = data_fingerprint(train)
         self.step_count = 0
         self.version = 0
         """The policy version the next batch is trained from (the last one published)."""
@@ -146,13 +115,6 @@ class Controller:
         self.skipped_checkpoints: list = []
         """Newer checkpoints ``resume()`` found invalid (logged once the resume check passed)."""
         self.faults = parse_faults(list(cfg.faults)).bind(self.run_dir)
-        kinds = {f.kind for f in self.faults.faults}
-        rollout_side = kinds & {"slow", "reward_timeout", "reward_error"}
-        if rollout_side and (cfg.rollout.mode != "sync" or cfg.runtime.engine == "ray"):
-            where = f"rollout.mode={cfg.rollout.mode}" if cfg.rollout.mode != "sync" else "runtime.engine=ray"
-            raise InputError(f"faults: {', '.join(sorted(rollout_side))} act on the rollout side, which {where} runs in "
-                             "a rollout process of its own; rehearse them with rollout.mode=sync and runtime.engine=local")
-        clock = lambda: self.step_count + 1  # noqa: E731 - the step the faults see
         r = cfg.resilience
         self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
         self.spikes, self.slow = run_detectors(r, self.events)
@@ -164,54 +126,21 @@ class Controller:
         """Sample records of the last step's batch (:mod:`reasonrl.samples`)."""
         self.val_samples: list[dict] = []
         """Sample records of the last validation, every one."""
-
-        self.cluster = self.reservation = None
-        if cfg.runtime.engine == "ray":
-            self.cluster, self.reservation = ray_reservation(cfg, self.model_dir)
-        world = cfg.runtime.trainer_ranks
-        self.rank_monitor: RankMonitor | None = None
+        context = RunContext(self.run_dir, lambda kind, **fields: self.events.emit(kind, self.step_count, **fields),
+                             self.faults, self.slow, lambda: self.step_count + 1, self.events)
+        self.roles = build(cfg, topology, context, log)
+        self.topology = topology
+        self.model_dir, self.tokenizer = self.roles.model_dir, self.roles.tokenizer
+        self.pad_id = self.tokenizer.pad_token_id
+        self.fingerprint = data_fingerprint(self.roles.train)
+        self.policy, self.rank0 = self.roles.policy, self.roles.rank0
+        self.reference, self.critic = self.roles.reference, self.roles.critic
+        self.source, self.evaluator = self.roles.source, self.roles.evaluator
+        self.rank_monitor = self.roles.rank_monitor
         """Names a slow or stuck trainer rank from the collectives' trace (several ranks)."""
-        if world > 1:  # rank 0 here (its module shared by the synchronous rollout), the others beside it
-            self.policy = launch_ranks(cfg, self.model_dir, self.run_dir, reservation=self.reservation)
-            policy = self.policy.local
-            torch.set_num_threads(max(1, (cfg.run.threads or available_cores()) // world))
-            self.rank_monitor = RankMonitor(self.run_dir / TRACE_DIR, world, self.events, r, cfg.runtime)
-        else:
-            policy = PolicyWorker(cfg, self.model_dir)
-            self.policy = LocalGroup([FaultyPolicy(policy, self.faults, clock) if "nan" in kinds else policy])
-        self.rank0 = policy
-        """The policy's rank 0, in this process (the final export)."""
-        self.reference = self._group("reference", ReferenceWorker) if cfg.algo.kl_loss_coef > 0 else None
-        self.critic = self._group("critic", CriticWorker) if cfg.algo.adv_estimator == "gae" else None
         self.trainer_numerics = trainer_numerics(cfg)
-
-        reward = RewardWorker(cfg, self.model_dir)
-        if kinds & {"reward_timeout", "reward_error"}:
-            reward = FaultyRewards(reward, self.faults, clock)
-        self._reward = reward  # validation grades with it (in sync mode it is also the producer's)
-        self.shards: ShardedRollouts | None = None
-        if cfg.rollout.mode == "sync" and self.reservation is None:
-            self.source, evaluation = self._sync_source(policy, reward, train, train_ids, "slow" in kinds, clock)
-        else:
-            self.source = self._async_source(policy, train, train_ids)
-            evaluation = RolloutWorker(_colocated(cfg), self.model_dir, module=policy.module)
-        self._evaluation = evaluation
-        self.evaluator = Evaluator(cfg, evaluation, reward, test, test_ids)
         self.registry = self._registry()
         self.writer = checkpoint_writer(self.run_dir / "checkpoints", cfg.checkpoint.keep, self.faults)
-
-    def _sync_source(self, policy: PolicyWorker, reward, train: list[Prompt], train_ids: list[list[int]], slow: bool, clock):
-        """The rollout side in this process: ``resilience.rollout_workers`` rollout workers over
-        the policy's own module (sharing a batch, work moved off a slow one, when several);
-        returns the source and the rollout worker that validation uses."""
-        cfg = self.cfg
-        rollouts = [RolloutWorker(cfg, self.model_dir, module=policy.module) for _ in range(cfg.resilience.rollout_workers)]
-        if slow:
-            rollouts = [FaultyRollout(w, self.faults, i, clock) for i, w in enumerate(rollouts)]
-        if len(rollouts) > 1:
-            self.shards = ShardedRollouts(rollouts, self.slow, clock, self.pad_id)
-        producer = RolloutProducer(cfg, self.shards or rollouts[0], reward, train, train_ids, self.pad_id)
-        return SyncSource(producer, cfg.rollout.n, self.pad_id, cfg.train.prompts_per_step), rollouts[0]
 
     def _registry(self) -> StateRegistry:
         """What a checkpoint holds, in restore order (the config check first)."""
@@ -229,43 +158,6 @@ class Controller:
         registry.add("rng", ProcessRNG())
         return registry
 
-    def _group(self, role: str, factory):
-        """A group of one ``factory(cfg, model_dir)`` worker: in this process, or with
-        runtime.engine=ray a Ray actor in ``role``'s bundle (calls bounded by
-        resilience.hang_timeout_s, else resilience.rollout_timeout_s)."""
-        if self.reservation is None:
-            return LocalGroup([factory(self.cfg, self.model_dir)])
-        from reasonrl.runtime.ray import RayGroup
-
-        r = self.cfg.resilience
-        return RayGroup(factory, [(self.cfg, self.model_dir)], role, timeout_s=r.hang_timeout_s or r.rollout_timeout_s,
-                        start_timeout_s=r.rollout_timeout_s, **self.reservation.options(role))
-
-    def _async_source(self, policy: PolicyWorker, train: list[Prompt], train_ids: list[list[int]]) -> AsyncSource:
-        """The rollout side in a process of its own, or a Ray actor (runtime.engine=ray, where
-        rollout.mode=sync runs as lockstep at staleness 0: the same batches, bit for bit)."""
-        cfg, r = self.cfg, self.cfg.resilience
-        threads = cfg.rollout.threads or torch.get_num_threads()
-        args = (cfg, self.model_dir, train, train_ids, threads)
-        concurrent = ("offer_weights", "stage_weights")
-
-        def launch():
-            if self.reservation is not None:
-                from reasonrl.runtime.ray import RayGroup
-
-                return RayGroup(build_producer, [args], "rollout", timeout_s=r.rollout_timeout_s,
-                                start_timeout_s=r.rollout_timeout_s, concurrent=concurrent,
-                                **self.reservation.options("rollout"))
-            return ProcessGroup(build_producer, args, name="rollout", timeout_s=r.rollout_timeout_s,
-                                start_timeout_s=r.rollout_timeout_s, concurrent=concurrent)
-
-        return AsyncSource(
-            launch, policy.weights(), n=cfg.rollout.n, pad_id=self.pad_id, want=cfg.train.prompts_per_step,
-            max_staleness=cfg.rollout.max_staleness, lockstep=cfg.rollout.mode in ("lockstep", "sync"),
-            timeout_s=r.rollout_timeout_s, max_restarts=r.rollout_restarts, failures=(WorkerDied, WorkerTimeout),
-            emit=lambda kind, **fields: self.events.emit(kind, self.step_count, **fields),
-        )
-
     # ---------------------------------------------------------------- one step
     def step(self) -> dict[str, float]:
         """One RL step; returns its metrics (verl names)."""
@@ -276,14 +168,11 @@ class Controller:
         with timed(t, "step"):
             with self.stage(t, "gen"):
                 got = self.source.next_batch(version)
-            t["timing_s/gen"] -= got.reward_here_s
             scored, metrics = got.scored, dict(got.metrics)
             self.last_record = got.record
             if got.errors:  # an episode's errors are its environment's, which was replaced
                 kind = "env_failed" if cfg.env.name else "reward_failed"
                 self.events.emit(kind, step, samples=len(got.errors), errors=got.errors[:3])
-            if self.shards is None:
-                self.slow.update("gen", 0, step, metrics["timing_s/rollout_gen"], work=max(len(got.record["drawn"]), 1))
             rollout = scored.rollout
             loss_mask = rollout.action_mask
             if cfg.algo.overlong_filter:
@@ -331,8 +220,6 @@ class Controller:
         metrics.update(reward_extras(scored))
         if scored.rollout.episodes is not None:
             metrics.update(AgentLoop.stats(scored.rollout))
-        if self.shards is not None:
-            metrics.update(self.shards.shares)
         # Time per trained token: skipped rows (train.skip_zero_advantage) cost nothing.
         self.slow.update("update_actor", 0, step, t["timing_s/update_actor"], work=actor_metrics["trained_tokens"] or 1.0)
         self.step_count = step
@@ -424,8 +311,8 @@ class Controller:
         """(advantages [B, T], returns [B, T] or None) for algo.adv_estimator."""
         a = self.cfg.algo
         rollout = scored.rollout
-        if a.adv_estimator in GROUP_ESTIMATORS:
-            adv = GROUP_ESTIMATORS[a.adv_estimator](scored.scores, rollout.group_ids)
+        if a.adv_estimator in algo.GROUP_ESTIMATORS:
+            adv = algo.GROUP_ESTIMATORS[a.adv_estimator](scored.scores, rollout.group_ids)
             return adv[:, None] * mask, None
         token_rewards = rollout.token_rewards
         if token_rewards is None:
@@ -573,18 +460,9 @@ class Controller:
         return watchdog, watchdog
 
     def close(self) -> None:
-        """Stop the rollout side, the reward and environment processes, release the run
-        directory (closing twice is harmless)."""
-        self.source.close()
-        self._reward.close()
-        self._evaluation.close()
-        for group in (self.policy, self.reference, self.critic):
-            if group is not None:
-                group.close()
-        if self.reservation is not None:
-            self.reservation.close()
-            self.cluster.close()
-            self.reservation = self.cluster = None
+        """Stop every role (:meth:`Roles.close`), release the run directory (closing twice is
+        harmless)."""
+        self.roles.close()
         self.lock.release()
 
     def effective_time(self, step_s: dict[int, float]) -> dict[str, float]:
@@ -649,8 +527,8 @@ class Controller:
             raise ResumeError(
                 f"{self.run_dir}: the checkpoint was written with a different configuration "
                 f"(hash {state['config_hash'][:12]} vs {config_hash(self.cfg)[:12]}); only run.dir, run.progress, run.threads, "
-                "run.log_*, run.loggers, run.wandb_*, train.total_steps, eval.every_steps, checkpoint.*, resume.* and resilience.* "
-                "may change on resume. Use a new run.dir."
+                "run.log_*, run.loggers, run.wandb_*, train.total_steps, eval.every_steps, checkpoint.*, resume.*, resilience.* "
+                "and runtime.roles.* may change on resume. Use a new run.dir."
             )
         if "data_fingerprint" not in state or "updates_applied" not in state:
             raise ResumeError(f"{self.run_dir}: the checkpoint was written by an older reasonrl (no data fingerprint); "
@@ -663,42 +541,6 @@ class Controller:
                     "to continue on the new data anyway, add resume.allow_data_change=true; otherwise use a new run.dir")
             self.data_changed = state["data_fingerprint"]
         self.updates_applied = int(state["updates_applied"])
-
-
-def ray_reservation(cfg: Config, model_dir: Path):
-    """(cluster, reservation) for runtime.engine=ray: :func:`~reasonrl.runtime.ray.connect`
-    (join runtime.ray_address, or start a loopback-only local cluster whose object store
-    holds two versions of the weights), then the bundles of runtime.placement for the roles
-    this run starts as actors (the rollout side, which holds its reward and environment
-    processes; reference and critic when used; trainer ranks 1..N-1), reserved or a LimitError
-    within seconds. The policy's rank 0 is this process."""
-    from reasonrl.memory import DTYPE_BYTES, ModelShape
-    from reasonrl.runtime.placement import parse_placement
-    from reasonrl.runtime.ray import OBJECT_STORE_BYTES, Reservation, connect
-
-    roles = {"rollout": 1}
-    if cfg.runtime.trainer_ranks > 1:
-        roles["policy"] = cfg.runtime.trainer_ranks - 1
-    if cfg.algo.kl_loss_coef > 0:
-        roles["reference"] = 1
-    if cfg.algo.adv_estimator == "gae":
-        roles["critic"] = 1
-    plan = parse_placement(cfg.runtime.placement).plan(roles)
-    weights = ModelShape.from_model_dir(model_dir).parameters() * DTYPE_BYTES[cfg.model.dtype]
-    cluster = connect(cfg.runtime, object_store_bytes=max(OBJECT_STORE_BYTES, 2 * weights + (64 << 20)))
-    try:
-        return cluster, Reservation(plan, timeout_s=30.0)
-    except BaseException:
-        cluster.close()
-        raise
-
-
-def _colocated(cfg: Config) -> Config:
-    """The config of a rollout worker beside the policy in async mode (validation): the fast
-    backend, or transformers for a model it does not support, never a second vLLM engine;
-    nothing interrupts it (it shares the policy's module)."""
-    backend = "fast" if cfg.rollout.backend == "fast" else "hf"
-    return replace(cfg, rollout=replace(cfg.rollout, backend=backend, interrupt=False))
 
 
 def batch_metrics(batch: TrainBatch) -> dict[str, float]:

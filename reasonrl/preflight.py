@@ -34,9 +34,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reasonrl.config import Config, config_hash, load
 from reasonrl.errors import RunDirError
+
+if TYPE_CHECKING:
+    from reasonrl.runtime.topology import Topology
 
 @dataclass(frozen=True)
 class RunState:
@@ -71,6 +75,8 @@ class Plan:
     """What data.truncation cut or dropped, per split ('' when nothing)."""
     memory: str = ""
     """The memory estimate of a step (``MemoryEstimate.describe``)."""
+    topology: Topology | None = None
+    """Where each role runs (:func:`reasonrl.runtime.topology.plan`)."""
 
     def describe(self) -> str:
         """A few lines for the console."""
@@ -93,6 +99,8 @@ class Plan:
             f"<= {self.context} tokens" + (f"; {self.prompts_cut}" if self.prompts_cut else ""),
             f"memory       {self.memory}",
         ]
+        if self.topology is not None:
+            lines += ["roles", *(f"  {line}" for line in self.topology.lines())]
         return "\n".join(lines)
 
 
@@ -100,6 +108,9 @@ def preflight(cfg: Config) -> Plan:
     """Check ``cfg`` in the order of the module docstring; the Plan of what would run."""
     state = run_state(cfg)
     check_data_files(cfg)
+    from reasonrl.runtime.topology import plan as plan_roles
+
+    topology = plan_roles(cfg)
     from reasonrl.env.splits import run_splits
 
     splits = run_splits(cfg)
@@ -128,7 +139,7 @@ def preflight(cfg: Config) -> Plan:
     estimate = estimate_memory(cfg, _model_shape(cfg, model_dir, len(tokenizer)), longest)
     check_fits(cfg, estimate)
     return Plan(cfg, state, len(train_tokens.prompts), len(test_tokens.prompts), model, longest, context, reward,
-                splits.description, cut, estimate.describe())
+                splits.description, cut, estimate.describe(), topology)
 
 
 def reward_line(cfg: Config, prompts: list) -> str:

@@ -3,7 +3,16 @@
 Imports only torch (and the standard library); no config objects.
 """
 
-from reasonrl.algo.advantages import dr_grpo, gae, grpo, lite_ppo, outcome_to_token_rewards, reinforce_pp, rloo
+from reasonrl.algo.advantages import (
+    GROUP_ESTIMATORS,
+    dr_grpo,
+    gae,
+    grpo,
+    lite_ppo,
+    outcome_to_token_rewards,
+    reinforce_pp,
+    rloo,
+)
 from reasonrl.algo.aggregate import AGG_MODES, agg_normaliser, aggregate, masked_mean, masked_var, masked_whiten
 from reasonrl.algo.evaluation import pass_at_k
 from reasonrl.algo.filters import group_outcomes, keep_groups
@@ -20,6 +29,7 @@ from reasonrl.algo.shaping import overlong_filter_mask, overlong_penalty
 
 __all__ = [
     "AGG_MODES",
+    "GROUP_ESTIMATORS",
     "IS_WEIGHTS",
     "KL_KINDS",
     "agg_normaliser",

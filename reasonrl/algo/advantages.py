@@ -137,3 +137,9 @@ def gae(
     returns = raw + values
     advantages = masked_whiten(raw, mask) * mask
     return advantages, returns
+
+
+GROUP_ESTIMATORS = {"grpo": grpo, "dr_grpo": dr_grpo, "lite_ppo": lite_ppo, "rloo": rloo}
+"""The outcome estimators by ``algo.adv_estimator`` name: ``fn(scores [B], group_ids [B]) ->
+advantages [B]`` (broadcast over each sample's tokens by the caller). The token-level ones,
+``reinforce_pp`` and ``gae``, take token rewards (and values) instead."""

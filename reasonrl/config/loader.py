@@ -110,12 +110,13 @@ def _keys_help(defaults: Any, cfg: Any, prefix: str) -> Iterator[KeyHelp]:
 def field_docs(cls: type) -> dict[str, str]:
     """{field name: the string literal written right under the field} of a dataclass, read
     from its source (attribute docstrings, as Sphinx reads them)."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
-    for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    for klass in reversed([k for k in cls.__mro__ if is_dataclass(k)]):  # a subclass's help replaces its base's
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[node.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
 
@@ -154,6 +155,7 @@ def config_hash(
         "run.threads",
         "faults",
         "resilience",
+        "runtime.roles",
     ),
 ) -> str:
     """sha256 (hex) of the canonical JSON of ``to_dict(cfg)`` without the dotted keys in
@@ -262,6 +264,8 @@ def _collect(
             mapping_value = leaves[field_key][0] if isinstance(leaves.get(field_key, (None,))[0], dict) else {}
             leaves[field_key] = (_set_path(mapping_value, rest.split("."), value), where(key))
             continue
+        if prefix + head in REPLACED_KEYS:
+            raise ConfigError(f"{where(key)}: {key} is now {_replacement(key, prefix + head)}", key)
         if tp is None or (rest and not is_dataclass(tp)):
             match = difflib.get_close_matches(key, _dotted_keys(Config, ""), n=1)
             hint = f"did you mean {match[0]}?" if match else f"valid keys: {', '.join(prefix + n for n in types)}"
@@ -275,6 +279,27 @@ def _collect(
             _collect(value, tp, key + ".", where, leaves)
         else:
             leaves[key] = (value, where(key))
+
+
+REPLACED_KEYS: dict[str, str] = {
+    "resilience.rollout_workers": "runtime.roles.rollout.count",
+    "resilience.reward_workers": "runtime.roles.reward.count",
+    "resilience.rollout_timeout_s": "runtime.roles.rollout.timeout_s",
+    "resilience.reward_timeout_s": "runtime.roles.reward.timeout_s",
+    "env.workers": "runtime.roles.env.count",
+    "env.step_timeout_s": "runtime.roles.env.timeout_s",
+    "rollout.threads": "runtime.roles.rollout.threads",
+    "runtime.placement": "runtime.roles.<role>.cpus, .gpus, .count and .colocate",
+}
+"""Keys that moved under ``runtime.roles``: naming one is an error that names its new key."""
+
+
+def _replacement(key: str, replaced: str) -> str:
+    """The new key of ``key``, which is or lies under the replaced key ``replaced``
+    (``runtime.placement.rollout.cpus`` -> ``runtime.roles.rollout.cpus``)."""
+    if replaced == "runtime.placement" and key != replaced:
+        return "runtime.roles." + key.removeprefix("runtime.placement.")
+    return REPLACED_KEYS[replaced]
 
 
 def _set_path(mapping: dict[str, Any], path: list[str], value: Any) -> dict[str, Any]:

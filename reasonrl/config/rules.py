@@ -42,9 +42,6 @@ def validate(cfg: Config) -> None:
              "at staleness 4); set algo.off_policy to bypass, tis or decoupled")
     _require(not r.interrupt or (r.mode == "async" and r.backend == "fast"), "rollout.interrupt", r.interrupt,
              f"partial rollouts need rollout.mode=async and rollout.backend=fast (got {r.mode!r}, {r.backend!r})")
-    _require(r.mode == "sync" or cfg.resilience.rollout_workers == 1, "resilience.rollout_workers",
-             cfg.resilience.rollout_workers, f"rollout.mode={r.mode} runs one rollout process; several rollout workers "
-             "sharing a batch are for rollout.mode=sync")
     _require(a.off_policy != "bypass" or t.old_logprobs != "recompute", "train.old_logprobs", t.old_logprobs,
              "algo.off_policy=bypass takes the sampling log-probs as the anchor; recompute contradicts it")
     _require(a.off_policy not in ("tis", "decoupled") or t.old_logprobs != "rollout", "train.old_logprobs",
@@ -52,15 +49,11 @@ def validate(cfg: Config) -> None:
     _require(t.precision != "bf16-mixed" or cfg.model.dtype == "float32", "model.dtype", cfg.model.dtype,
              "train.precision=bf16-mixed keeps the parameters in float32 (bf16 products); set model.dtype=float32, "
              "or train.precision=fp32 for pure low-precision parameters")
-    _require(cfg.runtime.engine == "local" or cfg.resilience.rollout_workers == 1, "resilience.rollout_workers",
-             cfg.resilience.rollout_workers, "runtime.engine=ray runs the rollout side as one actor")
     e = cfg.env
     if e.name:
         _require(r.backend != "vllm", "rollout.backend", r.backend,
                  f"multi-turn episodes (env.name = {e.name!r}) continue each sequence with the environment's tokens, "
                  "which the fast and hf backends do; set rollout.backend=fast")
-        _require(cfg.resilience.rollout_workers == 1, "resilience.rollout_workers", cfg.resilience.rollout_workers,
-                 f"multi-turn episodes (env.name = {e.name!r}) run on one rollout worker, with env.workers environment processes")
         _require(not r.interrupt, "rollout.interrupt", r.interrupt,
                  f"an episode (env.name = {e.name!r}) is not interrupted by new weights; set rollout.interrupt=false")
     _require(_compiles(e.tool_call_pattern) and re.compile(e.tool_call_pattern).groups >= 1,
@@ -69,11 +62,32 @@ def validate(cfg: Config) -> None:
              "must contain {output}, where the tool's output goes")
     _require(t.strategy != "fsdp" or cfg.run.device.startswith("cuda"), "train.strategy", t.strategy,
              f"FSDP shards over GPUs (nccl); on run.device = {cfg.run.device!r} use train.strategy=ddp")
-    _require(t.strategy != "fsdp" or r.mode != "sync" or cfg.runtime.engine == "ray", "train.strategy", t.strategy,
-             "FSDP shards rank 0's module, which a synchronous rollout in this process would sample from; set "
-             "rollout.mode=lockstep (the rollout side holds its own weights)")
+    _check_roles(cfg)
     _require(s.hidden_size % s.heads == 0, "sft.heads", s.heads, f"must divide sft.hidden_size = {s.hidden_size}")
     _require(s.heads % s.kv_heads == 0, "sft.kv_heads", s.kv_heads, f"must divide sft.heads = {s.heads}")
+
+
+_ROLE_NAMES = ("policy", "reference", "critic", "rollout", "reward", "env")
+
+
+def _check_roles(cfg: Config) -> None:
+    """``runtime.roles.<role>``: counts, threads, resources, timeouts and colocation."""
+    roles = cfg.runtime.roles
+    for name in _ROLE_NAMES:
+        spec, key = getattr(roles, name), f"runtime.roles.{name}"
+        least = {"rollout": 1, "reward": 0, "env": 0}.get(name)
+        if least is None:
+            hint = "the policy's ranks are runtime.trainer_ranks" if name == "policy" else f"a run has one {name}"
+            _require(spec.count == 1, f"{key}.count", spec.count, f"must be 1 ({hint})")
+        else:
+            _require(spec.count >= least, f"{key}.count", spec.count, f"must be >= {least}")
+        _require(spec.threads >= 0, f"{key}.threads", spec.threads, "must be >= 0 (0: the controller's count)")
+        _require(spec.cpus > 0, f"{key}.cpus", spec.cpus, "must be > 0")
+        _require(spec.gpus >= 0, f"{key}.gpus", spec.gpus, "must be >= 0")
+        _require(spec.timeout_s > 0, f"{key}.timeout_s", spec.timeout_s, "must be > 0")
+        allowed = ("auto", "policy", "none") if name == "rollout" else ("none", *(r for r in _ROLE_NAMES if r != name))
+        _require(spec.colocate in allowed, f"{key}.colocate", spec.colocate,
+                 "must be one of " + ", ".join(repr(a) for a in allowed))
 
 
 def _compiles(pattern: str) -> bool:
@@ -131,7 +145,6 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rollout.vllm_max_model_len": (lambda v: v is None or v >= 2, "null or >= 2"),
     "rollout.max_staleness": _NON_NEGATIVE,
-    "rollout.threads": _NON_NEGATIVE,
     "algo.eps_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "algo.eps_high": _NON_NEGATIVE,
     "algo.dual_clip": (lambda v: v is None or v > 1, "null or > 1"),
@@ -180,17 +193,11 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "resilience.slow_ratio": (lambda v: v > 1, "> 1"),
     "resilience.slow_window": (lambda v: v >= 4, ">= 4 (the detector compares medians of 4 recent steps)"),
     "resilience.slow_min_s": _NON_NEGATIVE,
-    "resilience.rollout_workers": _AT_LEAST_1,
-    "resilience.reward_workers": _NON_NEGATIVE,
-    "resilience.reward_timeout_s": _POSITIVE,
     "resilience.reward_max_failures": _AT_LEAST_1,
-    "resilience.rollout_timeout_s": _POSITIVE,
     "resilience.rollout_restarts": _NON_NEGATIVE,
     "env.max_turns": _AT_LEAST_1,
     "env.max_tokens": _AT_LEAST_1,
     "env.gamma": _UNIT,
-    "env.workers": _NON_NEGATIVE,
-    "env.step_timeout_s": _POSITIVE,
     "runtime.trainer_ranks": _AT_LEAST_1,
     "runtime.collective_timeout_s": _POSITIVE,
 }

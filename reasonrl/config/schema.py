@@ -179,9 +179,6 @@ class RolloutConfig:
     """async with the fast backend: a new version interrupts the generation in flight, whose
     unfinished samples go on with the new weights (partial rollouts; every token keeps the
     version that sampled it). false: new weights wait for the next generation call."""
-    threads: int = 0
-    """async/lockstep: torch threads of the rollout process; 0: the trainer's count (run.threads,
-    or this machine's cores). On a small machine, split the cores between the two."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +203,7 @@ class RewardConfig:
     passed, to +1, all did), 'all' scores +1 only when every test passes, else -1."""
     code_timeout_s: float = 5.0
     """reward.fn=code: wall-clock seconds all of a row's program runs may take together; keep it
-    below resilience.reward_timeout_s."""
+    below runtime.roles.reward.timeout_s."""
     code_memory_mb: int = 512
     """reward.fn=code: address-space limit of each program run, in MiB."""
     sandbox: Literal["auto", "bwrap", "rlimits"] = "auto"
@@ -419,19 +416,11 @@ class ResilienceConfig:
     slow_min_s: float = 0.5
     """A slowdown is reported only when it costs at least this many seconds a step (recent
     minus baseline time of the stage): short stages are never fail-slow for noise."""
-    rollout_workers: int = 1
-    """Rollout workers sharing each generation batch; work shifts away from a slow one."""
-    reward_workers: int = 0
-    """Reward worker processes (timeouts need >= 1); 0 scores in-process."""
-    reward_timeout_s: float = 10.0
-    """A sample whose reward takes longer is scored as failed."""
     reward_max_failures: int = 64
     """Consecutive failed reward calls before the run stops with an error."""
-    rollout_timeout_s: float = 600.0
-    """rollout.mode async/lockstep: a rollout process that delivers no batch for this long is
-    killed and restarted (and so is one that dies)."""
     rollout_restarts: int = 3
-    """Restarts of the rollout process before the run stops with an error."""
+    """Replacements of rollout workers (dead, or silent past runtime.roles.rollout.timeout_s)
+    in a run before it stops with an error."""
 
 
 @dataclass(frozen=True)
@@ -459,11 +448,6 @@ class EnvConfig:
     discount them by algo.gamma) and the score is the return discounted by env.gamma per turn."""
     gamma: float = 1.0
     """env.reward=turn: per-turn discount of the score (sum over turns of gamma**turn * reward)."""
-    workers: int = 2
-    """Environment worker processes stepping episodes in parallel, each call with
-    env.step_timeout_s; 0: in this process, without timeouts."""
-    step_timeout_s: float = 10.0
-    """A reset or step that takes longer ends its episode as failed; the worker is replaced."""
     tools: tuple[str, ...] = ()
     """Tools offered to the policy on top of the environment's own (calculator, python),
     described by OpenAI function schemas."""
@@ -472,6 +456,79 @@ class EnvConfig:
     (``{"name": ..., "arguments": {...}}``) in the policy's text."""
     tool_response_format: str = "<tool_response>{output}</tool_response>"
     """How a tool's output is shown to the policy (``{output}`` is replaced)."""
+
+
+@dataclass(frozen=True)
+class RoleConfig:
+    """One role's workers (policy, reference, critic: one each; the policy's ranks are
+    runtime.trainer_ranks)."""
+
+    count: int = 1
+    """Workers of this role."""
+    threads: int = 0
+    """torch threads of each worker in a process of its own; 0: the controller's count
+    (run.threads, or this machine's cores). On a small machine, split the cores."""
+    cpus: float = 1.0
+    """runtime.engine=ray: CPUs each worker's actor reserves."""
+    gpus: float = 0.0
+    """runtime.engine=ray: GPUs each worker's actor reserves (fractions share a device)."""
+    colocate: str = "none"
+    """The role whose bundle these workers' actors share (runtime.engine=ray); 'none': their own."""
+    timeout_s: float = 600.0
+    """Seconds a call to one of these workers may take before the worker counts as hung."""
+
+
+@dataclass(frozen=True)
+class RolloutRoleConfig(RoleConfig):
+    """Rollout workers: the groups of each generation batch are dispatched among them."""
+
+    colocate: str = "auto"
+    """'policy': workers on threads of the controller's process sampling from the policy's own
+    module (staleness 0 only); 'none': processes (Ray actors) with weights of their own;
+    'auto': policy for rollout.mode=sync with runtime.engine=local and ddp, else none."""
+    timeout_s: float = 600.0
+    """A rollout worker that does not answer a call for this long is hung: it is replaced and
+    its groups are generated again elsewhere (so is one that dies)."""
+
+
+@dataclass(frozen=True)
+class RewardRoleConfig(RoleConfig):
+    """Reward workers: processes grading the rollout producer's samples."""
+
+    count: int = 0
+    """Reward worker processes (a time limit per sample needs >= 1); 0: graded on the rollout
+    producer's thread."""
+    timeout_s: float = 10.0
+    """A sample whose reward takes longer is scored as failed (its worker is replaced)."""
+
+
+@dataclass(frozen=True)
+class EnvRoleConfig(RoleConfig):
+    """Environment workers: processes of each rollout worker stepping its episodes (env.name)."""
+
+    count: int = 2
+    """Environment worker processes per rollout worker; 0: stepped in the rollout worker,
+    without time limits."""
+    timeout_s: float = 10.0
+    """A reset or step that takes longer ends its episode as failed; the worker is replaced."""
+
+
+@dataclass(frozen=True)
+class RolesConfig:
+    """``runtime.roles.<role>``: every role's count, threads, resources and call timeout."""
+
+    policy: RoleConfig = field(default_factory=RoleConfig)
+    """The policy (trainer rank 0 and its ranks)."""
+    reference: RoleConfig = field(default_factory=RoleConfig)
+    """The reference model (algo.kl_loss_coef > 0)."""
+    critic: RoleConfig = field(default_factory=RoleConfig)
+    """The critic (algo.adv_estimator=gae)."""
+    rollout: RolloutRoleConfig = field(default_factory=RolloutRoleConfig)
+    """The rollout workers."""
+    reward: RewardRoleConfig = field(default_factory=RewardRoleConfig)
+    """The reward workers."""
+    env: EnvRoleConfig = field(default_factory=EnvRoleConfig)
+    """The environment workers."""
 
 
 @dataclass(frozen=True)
@@ -484,10 +541,9 @@ class RuntimeConfig:
     ray_address: str = ""
     """engine=ray: the cluster to join (also the RAY_ADDRESS variable); empty: start a local one
     with this machine's CPUs, listening on loopback only, dashboard off."""
-    placement: dict[str, Any] = field(default_factory=dict)
-    """engine=ray: resources per role (policy, reference, critic, rollout, reward, env), e.g.
-    ``{rollout: {cpus: 1}, policy: {cpus: 1, gpus: 0}, reference: {colocate: policy}}``;
-    roles not named take one CPU, colocated roles share their host's bundle."""
+    roles: RolesConfig = field(default_factory=RolesConfig)
+    """Where each role runs, how many workers, threads, resources and call timeouts
+    (``runtime.roles.<role>.*``; ``reasonrl train --dry-run`` prints the plan)."""
     trainer_ranks: int = 1
     """Data-parallel trainer ranks (torch.distributed, gloo on CPU, nccl on GPU): each trains
     on its share of the batch, normalised by global token counts; N ranks compute the

@@ -37,7 +37,7 @@ from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Literal
 
-from reasonrl.config import EnvConfig
+from reasonrl.config.schema import EnvConfig, RoleConfig
 from reasonrl.env.base import Env, EnvProtocolError, Reset, Step, check_reset, check_step, make_env
 from reasonrl.env.tools import TOOL_CALL_PATTERN, TOOL_RESPONSE_FORMAT
 from reasonrl.errors import InputError, error_line
@@ -195,9 +195,9 @@ class EnvPool:
         if type(size) is not int or size < 1:
             raise ValueError(f"EnvPool size: got {size!r}, expected an integer >= 1")
         if type(workers) is not int or workers < 0:
-            raise InputError(f"env.workers = {workers!r}: expected an integer >= 0")
+            raise InputError(f"runtime.roles.env.count = {workers!r}: expected an integer >= 0")
         if not step_timeout_s > 0:
-            raise InputError(f"env.step_timeout_s = {step_timeout_s!r}: expected a number > 0")
+            raise InputError(f"runtime.roles.env.timeout_s = {step_timeout_s!r}: expected a number > 0")
         self.size = size
         self.step_timeout_s = float(step_timeout_s)
         self.replacements = 0
@@ -221,10 +221,11 @@ class EnvPool:
             raise
 
     @classmethod
-    def from_config(cls, env: EnvConfig, size: int) -> EnvPool:
-        """The pool of ``env.*`` (``name``, ``args``, ``workers``, ``step_timeout_s``,
-        ``tools``, ``tool_call_pattern``, ``tool_response_format``) with ``size`` slots."""
-        return cls(env.name, env.args, size, env.workers, env.step_timeout_s, env.tools, env.tool_call_pattern,
+    def from_config(cls, env: EnvConfig, role: RoleConfig, size: int) -> EnvPool:
+        """The pool of ``env.*`` (``name``, ``args``, ``tools``, ``tool_call_pattern``,
+        ``tool_response_format``) with ``size`` slots over ``role.count`` processes
+        (``runtime.roles.env``), each call bounded by ``role.timeout_s``."""
+        return cls(env.name, env.args, size, role.count, role.timeout_s, env.tools, env.tool_call_pattern,
                    env.tool_response_format)
 
     def reset_many(self, seeds: Sequence[int]) -> list[Reset | EnvFailure]:
@@ -324,7 +325,7 @@ class EnvPool:
                 elif worker.deadline <= time.monotonic():
                     method = worker.pending[0][1]
                     self._replace(worker, results, casualties, "timeout",
-                                  f"{method}() took longer than env.step_timeout_s = {self.step_timeout_s:g}s")
+                                  f"{method}() took longer than runtime.roles.env.timeout_s = {self.step_timeout_s:g}s")
         return results
 
     def _receive(self, worker: _Worker, results: list[Any], casualties: dict[int, str]) -> None:

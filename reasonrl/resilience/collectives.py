@@ -402,7 +402,7 @@ class RankMonitor:
     ``resilience.slow_min_s``, the last ``window`` steps), it emits ``straggler`` and returns
     speed weights ``w_r ∝ share_r / compute_r`` (the compute of each rank in the newest step
     per unit of its share), so the slow rank gets a smaller share, as
-    :class:`~reasonrl.resilience.shards.ShardedRollouts` does for rollout workers. While a
+    :class:`~reasonrl.rollout.fleet.RolloutFleet` does for rollout workers. While a
     rank is flagged the weights follow the measured speeds, per rank the median compute per
     share over the steps since the onset (the last ``window``), and are returned when one moves
     by more than 10 %; once the slowest rank's median compute per share is within

@@ -51,9 +51,9 @@ def standard_plan(steps: int) -> list[Drill]:
         Drill(f"ckpt_kill@{s}", "killed", True, True),
         Drill(f"disk_full@{s}", "checkpoint_failed", False, True),
         Drill(f"nan@{s + 1}", "nonfinite", False, False),
-        Drill(f"slow@{s}:worker=1:factor=3:steps={steps}", "slowdown", False, False, ("resilience.rollout_workers=2",)),
+        Drill(f"slow@{s}:worker=1:factor=3:steps={steps}", "slowdown", False, False, ("runtime.roles.rollout.count=2",)),
         Drill(f"reward_timeout@{s + 1}:count=4", "reward_failed", False, False,
-              ("resilience.reward_workers=1", "resilience.reward_timeout_s=2")),
+              ("runtime.roles.reward.count=1", "runtime.roles.reward.timeout_s=2")),
         Drill(f"reward_error@{s + 1}:count=4", "reward_failed", False, False),
         # Two trainer ranks sum their gradients in another order than the clean single rank.
         Drill(f"slow_rank@{s}:rank=1:factor=3:steps={steps}", "straggler", False, False, ("runtime.trainer_ranks=2",)),

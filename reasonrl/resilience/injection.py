@@ -5,6 +5,7 @@ for real. Production code never sees a fault; the controller wraps what the plan
     heartbeat = FaultyHeartbeat(watchdog, plan, clock)    crash, sigkill, hang at a stage's start
     policy = FaultyPolicy(policy_worker, plan, clock)     nan: that step's update has a NaN loss
     rollout = FaultyRollout(rollout_worker, plan, w, clock)  slow: worker w's generation drags
+    spawn(role, factory, args, wrap=WorkerFaults(plan))    the above, where each spawned worker runs
     reward = FaultyRewards(reward_worker, plan, clock)    reward_timeout, reward_error
     writer = checkpoint_writer(root, keep, plan)          ckpt_kill: SIGKILL mid-write; disk_full: ENOSPC
     rank = FaultyRank(trainer_rank, plan)                 slow_rank, hang_rank (and nan on rank 0), in
@@ -151,6 +152,26 @@ class FaultyRollout(_Wrapper):
         self._drag(began)
         return out
 
+    def stream(self, *args, **kwargs):
+        began = time.perf_counter()
+        out = self.inner.stream(*args, **kwargs)
+        self._drag(began)
+        return out
+
+
+class WorkerFaults:
+    """The plan's wrappers for the workers :func:`~reasonrl.runtime.topology.spawn` starts
+    (its ``wrap``), applied where each worker runs: rollout worker ``index`` drags while a
+    slow fault for it is due, its clock the step its weights' version trains next."""
+
+    def __init__(self, plan: FaultPlan) -> None:
+        self.plan = plan
+
+    def __call__(self, worker: Any, role: str, index: int) -> Any:
+        if role == "rollout" and any(f.kind == "slow" for f in self.plan.faults):
+            return FaultyRollout(worker, self.plan, index, lambda: worker.version + 1)
+        return worker
+
 
 def sleeping_reward(response: str, ground_truth: str) -> dict:
     """The reward function of a reward_timeout drill: it never returns."""
@@ -166,7 +187,7 @@ def raising_reward(response: str, ground_truth: str) -> dict:
 class FaultyRewards(_Wrapper):
     """A RewardWorker: at a reward_timeout or reward_error fault's step, the first ``count``
     samples of its first scoring are graded by a function that hangs (in a worker process,
-    killed at ``resilience.reward_timeout_s``) or raises; the others as usual."""
+    killed at ``runtime.roles.reward.timeout_s``) or raises; the others as usual."""
 
     def score(self, rollout, prompts):
         fault = self.plan.reward_fault(self.clock())
@@ -176,7 +197,7 @@ class FaultyRewards(_Wrapper):
         texts = self.inner.decode(rollout)
         k = min(count, len(texts))
         fn = sleeping_reward if kind == "reward_timeout" else raising_reward
-        timeout = self.inner.cfg.resilience.reward_timeout_s
+        timeout = self.inner.cfg.runtime.roles.reward.timeout_s
         with RewardPool(f"{__name__}:{fn.__name__}", workers=1, timeout_s=timeout, max_consecutive_failures=k) as drill:
             bad = drill.score(texts[:k], [p.ground_truth for p in prompts[:k]])
         good = self.inner.grade(texts[k:], prompts[k:])

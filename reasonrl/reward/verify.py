@@ -10,9 +10,9 @@ string rules of ``dapo`` and ``boxed`` (reasonrl/reward/math.py) miss.
 
 Every call is bounded: parsing and comparing each stop after :data:`TIMEOUT_S` seconds
 (math-verify's own alarms) and the sample is then wrong. The alarms need the main thread of a
-process, where the trainer and the reward worker processes (``resilience.reward_workers``)
+process, where the trainer and the reward worker processes (``runtime.roles.reward.count``)
 score; called from another thread, the call is bounded only by the reward pool's
-``resilience.reward_timeout_s``.
+``runtime.roles.reward.timeout_s``.
 
 Returns ``{"score": +1.0 or -1.0, "acc": bool, "pred": str}`` like the string rules.
 """

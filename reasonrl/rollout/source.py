@@ -5,24 +5,23 @@
     source.state_dict(); source.load_state_dict(state)
 
 The rollout side of a run is a :class:`RolloutProducer`: the prompt sampler, the rollout
-scheduler (dynamic sampling, early stop, every sample's lifecycle), a rollout worker and a
-reward worker. Each :meth:`RolloutProducer.collect` yields one train batch's worth of
+scheduler (dynamic sampling, early stop, every sample's lifecycle), the rollout fleet (N
+rollout workers, :mod:`reasonrl.rollout.fleet`) and a reward worker. Each :meth:`RolloutProducer.collect` yields one train batch's worth of
 complete, scored groups, tagged with the version of the weights that sampled every token.
 Collected groups wait in a :class:`GroupQueue` until the trainer takes them; a group whose
 staleness (trainer version - its oldest token's version) exceeds ``rollout.max_staleness``,
 or is negative (sampled by weights a rollback discarded), is dropped there and counted.
 
-- :class:`SyncSource` (``rollout.mode=sync``): the producer runs in the trainer's process and
-  collects when the trainer asks, with the trainer's current weights.
-- :class:`AsyncSource` (``async`` and ``lockstep``): the producer runs in a rollout process of
-  its own and collects ahead, with its own copy of the weights, while the trainer updates.
-  Admission is paced: with ``ahead`` the batches collected or in flight and not yet taken,
+:class:`AsyncSource` runs the producer on a thread of the trainer's process, beside the
+trainer; the rollout workers sample with their own copy of the weights (or, at staleness 0
+and placed inline, with the policy's own module). Admission is paced: with ``ahead`` the batches collected or in flight and not yet taken,
   a new collect is submitted only while ``ahead + (1 while a taken batch is being trained)
   <= max_staleness``, so a batch sampled at version v is trained at version v + max_staleness
   at the latest. In ``async`` mode the newest weights are offered to the rollout process at
   once and taken up before its next generation call; in ``lockstep`` mode each collect is
   preceded by the weights it must use, so batch n is generated with exactly version
-  max(0, n - max_staleness): deterministic, as a resumed run needs.
+  max(0, n - max_staleness): deterministic, as a resumed run needs. ``rollout.mode=sync`` is
+lockstep at staleness 0: one definition, in every runtime.
 
 At ``max_staleness=0`` all three modes produce the same batches from the same seed.
 """
@@ -57,6 +56,7 @@ class Collected:
     started, finished: wall-clock seconds (``time.time()``) around it
     gen_s, reward_s:   seconds decoding and grading; ``idle_s``: the producer's idle time before it
     state:     the producer's state after it (resuming from it draws the next prompts)
+    workers:   ``rollout/worker<i>/*`` counts of the fleet's workers during it
     """
 
     batch: ScoredBatch
@@ -70,13 +70,14 @@ class Collected:
     reward_s: float
     idle_s: float
     state: dict
+    workers: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutProducer:
     """The rollout side: prompt sampler -> rollout scheduler -> rollout worker -> reward worker.
 
-    ``rollout`` is what the scheduler samples with (a RolloutWorker, or several behind one
-    interface); ``reward`` scores the groups; ``prompts`` and their token ids the training
+    ``rollout`` is what the scheduler samples with (a
+    :class:`~reasonrl.rollout.fleet.RolloutFleet`); ``reward`` scores the groups; ``prompts`` and their token ids the training
     split. The sampler and the sampling RNG are seeded with ``run.seed``.
     """
 
@@ -94,7 +95,6 @@ class RolloutProducer:
         )
         self._drawn: list[tuple[int, int]] = []
         self._idle_since = time.time()
-        self._staged: WeightsUpdate | None = None
 
     def _next_prompts(self, k: int) -> list[tuple[Prompt, list[int]]]:
         rows = self.sampler.next(k)
@@ -115,28 +115,28 @@ class RolloutProducer:
         idle, self._idle_since = started - self._idle_since, finished
         timing = self.scheduler.timing
         return Collected(batch, kept, draws, stats, list(self.scheduler.errors), started, finished,
-                         timing["gen"], timing["reward"], idle, self.state_dict())
+                         timing["gen"], timing["reward"], idle, self.state_dict(), self.rollout.take_stats())
+
+    def pids(self) -> list[int]:
+        """The rollout workers' process ids."""
+        return self.rollout.group.pids
 
     def load_weights(self, update: WeightsUpdate) -> None:
         self.rollout.load_weights(update)
 
     def offer_weights(self, update: WeightsUpdate) -> None:
-        """Thread-safe: the rollout worker takes ``update`` up before its next generation call."""
+        """Thread-safe: every rollout worker takes ``update`` up before its next generation call."""
         self.rollout.offer_weights(update)
 
     def stage_weights(self, update: WeightsUpdate) -> None:
-        """Thread-safe: keep ``update`` here, for :meth:`load_staged` to load when its turn comes
-        (lockstep: the transfer happens at publish, the load between the collects it sits
-        between)."""
-        self._staged = update
+        """Thread-safe: every rollout worker keeps ``update``, for :meth:`load_staged` to load
+        when its turn comes (lockstep: the transfer happens at publish, the load between the
+        collects it sits between)."""
+        self.rollout.stage_weights(update)
 
     def load_staged(self, version: int) -> None:
-        """Load the staged weights, which must be ``version``."""
-        staged = self._staged
-        if staged is None or staged.version != version:
-            raise RuntimeError(f"load_staged({version}): the staged weights are version "
-                               f"{None if staged is None else staged.version}")
-        self.rollout.load_weights(staged)
+        """Every rollout worker loads its staged weights, which must be ``version``."""
+        self.rollout.load_staged(version)
 
     def state_dict(self) -> dict:
         """``sampler``, ``rng`` (the sampling generator), ``draws`` (prompts drawn so far) and the
@@ -152,11 +152,9 @@ class RolloutProducer:
         self.reward.load_state_dict(state["reward"])
 
     def close(self) -> None:
-        """Stop the reward processes and the rollout side's environment processes."""
+        """Stop the reward processes and the rollout workers."""
         self.reward.close()
-        close = getattr(self.rollout, "close", None)
-        if close is not None:
-            close()
+        self.rollout.close()
 
 
 def _fate(state: SampleState, reason: str) -> str:
@@ -167,13 +165,12 @@ def _fate(state: SampleState, reason: str) -> str:
 class SourceBatch:
     """What :meth:`next_batch` returns: the train batch, the step's rollout metrics, the
     prompt record of the step (``drawn``, ``trained``, ``stale`` draw indices) and the reward
-    errors; ``reward_here_s``: seconds of grading spent in the trainer's process."""
+    errors."""
 
     scored: ScoredBatch
     metrics: dict[str, float]
     record: dict[str, list]
     errors: list[str]
-    reward_here_s: float = 0.0
 
 
 @dataclass
@@ -197,6 +194,7 @@ class _Pending:
     gen_s: float = 0.0
     reward_s: float = 0.0
     idle_s: float = 0.0
+    workers: dict[str, float] = field(default_factory=dict)
 
 
 class GroupQueue:
@@ -230,6 +228,8 @@ class GroupQueue:
         p.gen_s += c.gen_s
         p.reward_s += c.reward_s
         p.idle_s += c.idle_s
+        for key, value in c.workers.items():
+            p.workers[key] = p.workers.get(key, 0.0) + value
 
     def take(self, want: int, version: int) -> SourceBatch | None:
         """``want`` fresh groups as one batch with this step's rollout metrics, or None."""
@@ -265,6 +265,7 @@ class GroupQueue:
             "timing_s/reward": p.reward_s,
             "timing_s/rollout_gen": p.gen_s,
             "timing_s/rollout_idle": p.idle_s,
+            **p.workers,
         }
         record = {"drawn": p.drawn, "trained": [g.draw for g, _ in fresh], "stale": p.stale}
         return SourceBatch(scored, metrics, record, p.errors)
@@ -321,59 +322,20 @@ def _scored_from_state(state: dict) -> ScoredBatch:
                        extras=state.get("extras", []))
 
 
-class SyncSource:
-    """Collects each batch when the trainer asks, in the trainer's process, with its current weights."""
-
-    def __init__(self, producer: RolloutProducer, n: int, pad_id: int, want: int) -> None:
-        self.producer = producer
-        self.want = want
-        self.queue = GroupQueue(n, pad_id, max_staleness=0)
-        self.weight_sync_s = 0.0
-        """Seconds the last :meth:`publish` took to hand the weights over (the colocated
-        rollout worker shares the policy's module: no copy)."""
-
-    def next_batch(self, version: int) -> SourceBatch:
-        collected = self.producer.collect()
-        self.queue.put(collected)
-        batch = self.queue.take(self.want, version)
-        if batch is None:
-            raise RuntimeError(f"SyncSource: a collect at version {version} held groups of another version")
-        batch.reward_here_s = collected.reward_s
-        batch.metrics["timing_s/trainer_idle"] = collected.finished - collected.started
-        return batch
-
-    def publish(self, update: WeightsUpdate) -> None:
-        began = time.perf_counter()
-        self.producer.load_weights(update)
-        self.weight_sync_s = time.perf_counter() - began
-
-    def leftover(self) -> dict[str, list]:
-        return self.queue.leftover()
-
-    def state_dict(self) -> dict:
-        return {"producer": self.producer.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.producer.load_state_dict(state["producer"])
-
-    def close(self) -> None:
-        self.producer.close()
-
-
 class AsyncSource:
-    """Collects ahead in a rollout process, within ``max_staleness`` (see the module docstring).
+    """The rollout side of every mode: a producer that collects ahead within ``max_staleness``
+    (see the module docstring).
 
-    ``launch()`` starts the rollout process: a worker group holding one :class:`RolloutProducer`
-    (``offer_weights`` and ``stage_weights`` callable beside a running collect), in a
-    process of its own or a Ray actor. Each version crosses once, at :meth:`publish`, which
-    waits until the rollout side holds it (``weight_sync_s``): ``async`` offers it for the
-    next generation call, ``lockstep`` stages it and loads it by version number before the
-    collect it belongs to. ``timeout_s`` bounds every wait
-    for it; a rollout process that dies or stops answering is killed, started again from
-    the state after its last delivered collect, sent the current weights, and its collects
-    in flight are submitted again (the same prompts, from the recorded sampler position),
-    at most ``max_restarts`` times. ``failures`` are the exception types of a dead or hung
-    worker (the runtime's); ``emit(kind, **fields)`` writes the events.
+    ``launch()`` starts the producer's host: a worker group of one :class:`RolloutProducer`
+    (``offer_weights`` and ``stage_weights`` callable beside a running collect) whose calls
+    run on a thread of their own, the producer dispatching generation to the rollout fleet.
+    Each version crosses once, at :meth:`publish`, which waits until every rollout worker
+    holds it (``weight_sync_s``): ``async`` offers it for the next generation call,
+    ``lockstep`` stages it and loads it by version number before the collect it belongs to.
+    ``timeout_s`` bounds every wait for a collect. A rollout worker that dies or hangs is
+    the fleet's to replace (:class:`~reasonrl.rollout.fleet.RolloutFleet`); an error that
+    reaches this source ends the run (the supervisor restarts it from its last checkpoint).
+    ``emit(kind, **fields)`` writes the events.
     """
 
     def __init__(
@@ -387,47 +349,28 @@ class AsyncSource:
         max_staleness: int,
         lockstep: bool,
         timeout_s: float,
-        max_restarts: int,
-        failures: tuple[type[BaseException], ...],
         emit: Callable[..., None],
     ) -> None:
         self.launch, self.want, self.max_staleness, self.lockstep = launch, want, max_staleness, lockstep
-        self.timeout_s, self.max_restarts, self.failures, self.emit = timeout_s, max_restarts, (*failures, FutureTimeout), emit
+        self.timeout_s, self.emit = timeout_s, emit
         self.queue = GroupQueue(n, pad_id, max_staleness)
         self.latest = initial
         self.cursor: dict | None = None
         self.training = False
-        self.restarts = 0
         self.outstanding: deque[tuple[Future, int, list[Future]]] = deque()  # (collect, version, loads before it)
         self.group = None
         self._sent_version: int | None = None
         self.weight_sync_s = 0.0
-        """Seconds the last :meth:`publish` took until the rollout side held the weights."""
+        """Seconds the last :meth:`publish` took until every rollout worker held the weights."""
 
-    # ------------------------------------------------------------ the rollout process
+    # ------------------------------------------------------------ the producer
     def _start(self) -> None:
         self.group = self.launch()
         if self.cursor is not None:
             self.group.call("load_state_dict", self.cursor)
         self.group.call("load_weights", self.latest)
         self._sent_version = self.latest.version
-        self.emit("rollout_started", pid=self.group.pids[0], restarts=self.restarts)
-
-    def _restart(self, error: Exception) -> None:
-        """Replace a dead or hung rollout process and submit its collects again."""
-        lost = len(self.outstanding)
-        kind = "rollout_timeout" if isinstance(error, (TimeoutError, FutureTimeout)) else "rollout_died"
-        self.emit(kind, pid=self.group.pids[0], error=str(error), collects_in_flight=lost)
-        self.group.kill()
-        self.group.close(timeout_s=1.0)
-        if self.restarts >= self.max_restarts:
-            raise RuntimeError(f"rollout process: {error}; gave up after {self.restarts} restarts "
-                               f"(resilience.rollout_restarts={self.max_restarts})") from error
-        self.restarts += 1
-        self.outstanding.clear()
-        self._start()
-        self._fill()
-        self.emit("rollout_restarted", pid=self.group.pids[0], restarts=self.restarts, reissued=lost)
+        self.emit("rollout_started", pids=self.group.call("pids")[0])
 
     def _ahead(self) -> int:
         """Batches collected or in flight that no take has consumed yet."""
@@ -454,9 +397,8 @@ class AsyncSource:
         try:
             for future in [*loads, collect]:
                 future.result(timeout=self.timeout_s)
-        except self.failures as err:
-            self._restart(err)
-            return
+        except FutureTimeout:
+            raise TimeoutError(f"rollout: no batch within {self.timeout_s} s (resilience.rollout_timeout_s)") from None
         self.outstanding.popleft()
         collected: Collected = collect.result()
         self.cursor = collected.state
@@ -480,11 +422,8 @@ class AsyncSource:
         self.training = False
         if self.group is not None:
             began = time.perf_counter()
-            try:
-                [held] = self.group.submit("stage_weights" if self.lockstep else "offer_weights", update)
-                held.result(timeout=self.timeout_s)
-            except self.failures as err:
-                self._restart(err)  # the new process starts from self.latest
+            [held] = self.group.submit("stage_weights" if self.lockstep else "offer_weights", update)
+            held.result(timeout=self.timeout_s)
             self.weight_sync_s = time.perf_counter() - began
         self._fill()
 
@@ -502,11 +441,9 @@ class AsyncSource:
         return {"producer": self.cursor, "queue": self.queue.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Before the first batch only (a resume): the producer starts from ``state``."""
         if self.group is not None:
-            self.group.kill()
-            self.group.close(timeout_s=1.0)
-            self.group = None
-        self.outstanding.clear()
+            raise RuntimeError("AsyncSource.load_state_dict: the producer has started; restore before the first batch")
         self.cursor = state["producer"]
         self.queue.load_state_dict(state["queue"])
 

@@ -1,4 +1,4 @@
-"""Where each role's actors run on a Ray cluster: ``runtime.placement``, validated in pure Python.
+"""Where each role's actors run on a Ray cluster: ``runtime.roles``' resources, validated in pure Python.
 
     placement = parse_placement({"rollout": {"cpus": 2}, "reference": {"colocate": "policy"}})
     plan = placement.plan({"policy": 1, "reference": 1, "rollout": 1, "reward": 1})
@@ -32,7 +32,7 @@ ROLES = ("policy", "reference", "critic", "rollout", "reward", "env")
 """The roles a run's actors play, in the order their bundles are laid out."""
 
 _KEYS = ("cpus", "gpus", "count", "colocate")
-_PREFIX = "runtime.placement"
+_PREFIX = "runtime.roles"
 _KEY_OF = {"CPU": "cpus", "GPU": "gpus"}
 
 

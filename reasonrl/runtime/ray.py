@@ -1,11 +1,11 @@
 """The Ray runtime (``runtime.engine=ray``): the same worker classes as Ray actors.
 
     cluster = connect(cfg.runtime)                      # join runtime.ray_address / RAY_ADDRESS, or start one
-    plan = parse_placement(cfg.runtime.placement).plan({"policy": 1, "rollout": 1, "reward": 1})
+    plan = parse_placement({"rollout": {"cpus": 1}}).plan({"policy": 1, "rollout": 2})
     reservation = Reservation(plan, timeout_s=30)       # LimitError at once if the cluster cannot hold it
-    rollout = RayGroup(build_producer, [(cfg, model_dir)], "rollout", timeout_s=600,
+    rollout = RayGroup(build_rollout_worker, [(cfg, model_dir, None, 1)] * 2, "rollout", timeout_s=600,
                        concurrent=("offer_weights",), **reservation.options("rollout"))
-    [collect] = rollout.submit("collect")                # concurrent.futures.Future, as LocalGroup's
+    batch = rollout.submit_to(1, "generate", ...)        # concurrent.futures.Future, as LocalGroup's
     broadcast(rollout, "offer_weights", update)          # one ray.put per version, one ref to every actor
     ...
     rollout.close(); reservation.close(); cluster.close()

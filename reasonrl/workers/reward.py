@@ -15,7 +15,7 @@ from reasonrl.types import Prompt, RolloutBatch, ScoredBatch
 
 class RewardWorker:
     """Grades rollouts with ``reward.fn`` (per data source ``reward.by_source``, plus the
-    ``reward.format`` reward) in ``resilience.reward_workers`` processes (with a timeout per
+    ``reward.format`` reward) in ``runtime.roles.reward.count`` processes (with a timeout per
     sample), then adds DAPO's soft overlong punishment.
 
     score = grade(decode(response), ground truth, row) + overlong_penalty(length)   (the
@@ -30,7 +30,8 @@ class RewardWorker:
         self.cfg = cfg
         self.tokenizer = load_tokenizer(model_dir)
         r = cfg.resilience
-        self.pool = RewardPool(cfg.reward, r.reward_workers, r.reward_timeout_s, r.reward_max_failures)
+        role = cfg.runtime.roles.reward
+        self.pool = RewardPool(cfg.reward, role.count, role.timeout_s, r.reward_max_failures)
 
     def decode(self, rollout: RolloutBatch) -> list[str]:
         """The response texts, special tokens stripped."""

@@ -15,6 +15,7 @@ from reasonrl.env.pool import EnvPool
 from reasonrl.precision import compute_context
 from reasonrl.rollout.agent_loop import AgentLoop
 from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
+from reasonrl.rollout.fleet import StreamOutbox
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.rollout.partial import PartialRollouts
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams, WeightsUpdate
@@ -87,19 +88,25 @@ class RolloutWorker:
         self.episodic = bool(cfg.env.name)
         """Whether each rollout is a multi-turn episode (``env.name``): :meth:`generate` then
         takes the prompts themselves (``states``), whose ``extra["seed"]`` resets the environments."""
-        self.agent = AgentLoop(self.backend, EnvPool.from_config(cfg.env, episode_slots(cfg)), tokenizer, cfg.env,
+        self.agent = AgentLoop(self.backend, EnvPool.from_config(cfg.env, cfg.runtime.roles.env, episode_slots(cfg)), tokenizer, cfg.env,
                                self.eos_ids, self.pad_id) if self.episodic else None
         self.precision = cfg.train.precision
         self.device = cfg.run.device
         self.version = 0
         self._offered: WeightsUpdate | None = None
         self._lock = threading.Lock()
+        self._staged: WeightsUpdate | None = None
+        self._outbox = StreamOutbox()
 
     @property
     def streams(self) -> bool:
         """Whether the backend can report groups as they complete (:meth:`generate_stream`);
         never for episodes."""
         return self.backend.streams and not self.episodic
+
+    def capabilities(self) -> dict[str, bool]:
+        """``streams`` and ``episodic``: what a fleet of these workers can do."""
+        return {"streams": self.streams, "episodic": self.episodic}
 
     def load_weights(self, update: WeightsUpdate) -> None:
         """Sample with ``update`` from now on."""
@@ -111,6 +118,21 @@ class RolloutWorker:
         """Leave ``update`` for the next generation call (thread-safe; a newer offer replaces an older one)."""
         with self._lock:
             self._offered = update
+
+    def stage_weights(self, update: WeightsUpdate) -> None:
+        """Thread-safe: keep ``update`` for :meth:`load_staged` (lockstep: the transfer happens
+        at publish, the load between the generations it sits between)."""
+        with self._lock:
+            self._staged = update
+
+    def load_staged(self, version: int) -> None:
+        """Sample with the staged weights, which must be ``version``."""
+        with self._lock:
+            staged = self._staged
+        if staged is None or staged.version != version:
+            raise RuntimeError(f"load_staged({version}): the staged weights are version "
+                               f"{None if staged is None else staged.version}")
+        self.load_weights(staged)
 
     def _has_offer(self) -> bool:
         with self._lock:
@@ -150,6 +172,28 @@ class RolloutWorker:
             result = self.backend.generate_stream(prompts, n, params, generator, lambda groups, rows: on_groups_done(groups, self._stamp(rows)))
         self._stamp(result.batch)
         return result
+
+    def stream(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds) -> dict:
+        """:meth:`generate_stream` for a :class:`~reasonrl.rollout.fleet.RolloutFleet` in
+        another thread or process: each completed group waits in the outbox for
+        :meth:`poll_stream`; :meth:`stop_stream` ends the decoding at the next completion.
+        Returns ``entries`` (completions not polled yet), ``aborted`` (this call's prompt
+        indices) and ``aborted_lengths`` (per row of those)."""
+        self._outbox.open()
+        try:
+            result = self.generate_stream(prompts, n, params, seeds, self._outbox.put)
+        finally:
+            entries = self._outbox.close()
+        return {"entries": entries, "aborted": result.aborted, "aborted_lengths": result.aborted_lengths}
+
+    def poll_stream(self, wait_s: float) -> list:
+        """Thread-safe: the groups completed since the last poll, as ``(decode step, prompt
+        indices, rows)``, waiting up to ``wait_s`` for one."""
+        return self._outbox.poll(wait_s)
+
+    def stop_stream(self) -> None:
+        """Thread-safe: the running :meth:`stream` stops at its next completed group."""
+        self._outbox.stop()
 
     def state_dict(self) -> dict:
         """``version``: the weights themselves are the policy's, published again after a restore."""

@@ -46,7 +46,7 @@ def assert_fatal(code, err, *needles):
     ("train.lr=.inf", "train.lr"),
     ("train.grad_clip=.nan", "train.grad_clip"),
     ("algo.kl_loss_coef=-0.1", "algo.kl_loss_coef"),
-    ("resilience.rollout_workers=0", "resilience.rollout_workers"),
+    ("runtime.roles.rollout.count=0", "runtime.roles.rollout.count"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens"),
 ])
 def test_values_that_cannot_train_are_refused_by_key(capsys, model_dir, tmp_path, override, key):

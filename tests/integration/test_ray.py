@@ -138,13 +138,13 @@ def test_a_killed_actor_fails_its_calls_with_worker_died_and_restart_brings_it_b
 
 
 def test_placement_errors_name_the_key_and_an_impossible_placement_fails_at_once(cluster):
-    with pytest.raises(InputError, match=r"runtime\.placement\.rollout\.cpus = -1: expected a number > 0"):
+    with pytest.raises(InputError, match=r"runtime\.roles\.rollout\.cpus = -1: expected a number > 0"):
         parse_placement({"rollout": {"cpus": -1}})
-    with pytest.raises(InputError, match=r"runtime\.placement\.rolout = .*did you mean rollout\?"):
+    with pytest.raises(InputError, match=r"runtime\.roles\.rolout = .*did you mean rollout\?"):
         parse_placement({"rolout": {"cpus": 1}})
-    with pytest.raises(InputError, match=r"runtime\.placement\.reward\.gpu = 1: unknown key \(did you mean gpus\?\)"):
+    with pytest.raises(InputError, match=r"runtime\.roles\.reward\.gpu = 1: unknown key \(did you mean gpus\?\)"):
         parse_placement({"reward": {"gpu": 1}})
-    with pytest.raises(InputError, match=r"runtime\.placement\.reference\.colocate = 'critic': critic is itself colocated"):
+    with pytest.raises(InputError, match=r"runtime\.roles\.reference\.colocate = 'critic': critic is itself colocated"):
         parse_placement({"critic": {"colocate": "policy"}, "reference": {"colocate": "critic"}})
     shared = parse_placement({"reference": {"colocate": "policy", "cpus": 0.5}, "rollout": {"count": 2}})
     plan = shared.plan({"policy": 2, "reference": 1, "rollout": 1})
@@ -154,7 +154,7 @@ def test_placement_errors_name_the_key_and_an_impossible_placement_fails_at_once
         parse_placement({"reference": {"colocate": "policy", "count": 2}}).plan({"policy": 1, "reference": 1})
     plan = parse_placement({"rollout": {"cpus": 64}}).plan({"policy": 1, "rollout": 1})
     began = time.monotonic()
-    with pytest.raises(LimitError, match=r"runtime\.placement.*rollout: 1 actor x 64 CPU \(runtime\.placement\.rollout\.cpus\)"
+    with pytest.raises(LimitError, match=r"runtime\.roles.*rollout: 1 actor x 64 CPU \(runtime\.roles\.rollout\.cpus\)"
                                          r".*the cluster has 2 CPU"):
         rayrt.Reservation(plan, timeout_s=30)
     assert time.monotonic() - began < 3

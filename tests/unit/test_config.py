@@ -166,7 +166,11 @@ def test_missing_recipe(tmp_path):
             "rollout.max_staleness = 2: training on samples from older weights without a correction collapses",
         ),
         (["rollout.interrupt=true"], "rollout.interrupt = True: partial rollouts need rollout.mode=async and rollout.backend=fast"),
-        (["rollout.mode=lockstep", "resilience.rollout_workers=2"], "resilience.rollout_workers = 2: rollout.mode=lockstep runs one"),
+        (["runtime.roles.rollout.count=0"], "runtime.roles.rollout.count = 0: must be >= 1"),
+        (["runtime.roles.reference.count=2"], "runtime.roles.reference.count = 2: must be 1 (a run has one reference)"),
+        (["runtime.roles.policy.count=2"], "runtime.roles.policy.count = 2: must be 1 (the policy's ranks are runtime.trainer_ranks)"),
+        (["runtime.roles.rollout.colocate=critic"], "runtime.roles.rollout.colocate = 'critic': must be one of 'auto', 'policy', 'none'"),
+        (["runtime.roles.env.timeout_s=0"], "runtime.roles.env.timeout_s = 0.0: must be > 0"),
         (["algo.off_policy=bypass", "train.old_logprobs=recompute"], "train.old_logprobs = 'recompute': algo.off_policy=bypass takes"),
         (["algo.off_policy=tis", "train.old_logprobs=rollout"], "train.old_logprobs = 'rollout': algo.off_policy=tis recomputes"),
         (["algo.tis_cap=0.5"], "algo.tis_cap = 0.5: must be >= 1"),
@@ -283,3 +287,46 @@ def test_keys_help_gives_type_default_and_the_value_of_a_config():
     assert keys["train.grad_clip"].help.startswith("Gradients are scaled down to this global L2 norm")
     # A multi-line docstring comes back dedented, and a field's help is its own, not the next one's.
     assert field_docs(type(load(None).sft))["target_acc"].startswith("Stop once greedy held-out accuracy")
+
+
+@pytest.mark.parametrize("old, new", [
+    ("resilience.rollout_workers=2", "runtime.roles.rollout.count"),
+    ("resilience.reward_workers=1", "runtime.roles.reward.count"),
+    ("resilience.rollout_timeout_s=60", "runtime.roles.rollout.timeout_s"),
+    ("resilience.reward_timeout_s=2", "runtime.roles.reward.timeout_s"),
+    ("env.workers=1", "runtime.roles.env.count"),
+    ("env.step_timeout_s=2", "runtime.roles.env.timeout_s"),
+    ("rollout.threads=1", "runtime.roles.rollout.threads"),
+    ("runtime.placement.rollout.cpus=2", "runtime.roles.rollout.cpus"),
+    ("runtime.placement={rollout: {cpus: 2}}", "runtime.roles.<role>.cpus, .gpus, .count and .colocate"),
+])
+def test_a_key_that_moved_under_runtime_roles_names_its_new_key(old, new):
+    message = error(None, [old])
+    assert f"is now {new}" in message, message
+
+
+def test_a_recipe_section_with_a_moved_key_names_its_new_key(tmp_path):
+    path = write(tmp_path, "resilience:\n  rollout_workers: 2\n")
+    assert error(path) == f"{path}, line 2: resilience.rollout_workers is now runtime.roles.rollout.count"
+
+
+def test_every_refusal_left_in_the_rules_is_about_a_value_or_a_backend():
+    """No rule refuses a role count, a runtime or a fault kind: those combinations all run.
+    The cross-key refusals left are listed here; each is a value range, an algorithm's
+    contradiction, or what a backend cannot do."""
+    import ast
+    import inspect
+    import re
+
+    from reasonrl.config import rules
+
+    source = inspect.getsource(rules.validate)
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "_require"]
+    refused = sorted({c.args[1].value for c in calls if isinstance(c.args[1], ast.Constant)})
+    assert refused == sorted([
+        "algo.eps_high", "algo.overlong_buffer", "env.tool_call_pattern", "env.tool_response_format", "model.dtype",
+        "rollout.backend", "rollout.interrupt", "rollout.max_staleness", "rollout.n", "sft.heads", "sft.kv_heads",
+        "train.gen_prompts_per_step", "train.micro_batch_size", "train.mini_batch_size", "train.old_logprobs",
+        "train.strategy",
+    ]), refused
+    assert not re.search(r"rollout_workers|reward_workers|runtime\.engine|faults", source)

@@ -1,0 +1,184 @@
+"""Where every role of a run runs: one plan, decided here, and one way to start a role.
+
+    topology = plan(cfg)                   # validated before anything starts
+    print("\\n".join(topology.lines()))     # one line per role: where, how many, resources
+    group = spawn(topology["rollout"], build_rollout_worker, [(cfg, model_dir, i) for i in range(2)],
+                  concurrent=FLEET_CONCURRENT, wrap=faults)
+
+A role runs ``inline`` (in the controller's process, called in the caller's thread: the
+policy's rank 0, the reference and critic on one machine, reward grading and environments
+with no workers of their own), on a ``thread`` of the controller's process (rollout workers
+colocated with the policy: they sample from the policy's own module, so they exist only at
+staleness 0), in a ``process`` of its own (rollout workers with their own weights, reward
+and environment workers, trainer ranks 1..N-1) or as a ``ray`` actor (every role but the
+policy's rank 0 with ``runtime.engine=ray``). Every count, thread count, resource and call
+timeout of a role is ``runtime.roles.<role>.*``.
+
+Reward and environment workers are processes of the worker that uses them (the rollout
+producer's reward worker; each rollout worker's environment pool): ``count`` is per user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from reasonrl.config import Config
+from reasonrl.errors import InputError
+from reasonrl.runtime.group import LocalGroup, ThreadGroup
+from reasonrl.runtime.process import ProcessGroup
+from reasonrl.runtime.threads import available_cores
+
+ROLES = ("policy", "reference", "critic", "rollout", "reward", "env")
+"""Every role a run can have, in the order the plan lists them."""
+
+WHERE = ("inline", "thread", "process", "ray")
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """One role: ``where`` it runs (:data:`WHERE`), ``count`` workers, torch ``threads`` each
+    (0: the controller's), ``cpus``/``gpus`` per worker (Ray's reservation), ``colocate``
+    (the role whose process or bundle it shares; empty: its own), the ``timeout_s`` of each
+    call to it, and ``detail``: what a reader should know about it."""
+
+    role: str
+    where: str
+    count: int
+    threads: int
+    cpus: float
+    gpus: float
+    colocate: str
+    timeout_s: float
+    detail: str = ""
+
+    def line(self) -> str:
+        """``rollout   process x2   threads 1, timeout 600 s   (fast backend, weights of their own)``:
+        threads where the workers have processes of their own, resources where Ray reserves them."""
+        parts = []
+        if self.where in ("process", "ray"):
+            parts.append(f"threads {self.threads or 'as the controller'}")
+        if self.where == "ray":
+            parts.append(f"{_fmt(self.cpus)} cpu, {_fmt(self.gpus)} gpu each")
+        if self.colocate:
+            parts.append(f"with {self.colocate}")
+        if self.where != "inline":
+            parts.append(f"timeout {_fmt(self.timeout_s)} s")
+        detail = f"   ({self.detail})" if self.detail else ""
+        return f"{self.role:<10}{self.where} x{self.count:<4}{', '.join(parts)}{detail}".rstrip()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The plan of a run: ``engine`` (local, ray) and a :class:`RolePlan` for each role it uses."""
+
+    engine: str
+    roles: dict[str, RolePlan]
+
+    def __getitem__(self, role: str) -> RolePlan:
+        return self.roles[role]
+
+    def __contains__(self, role: str) -> bool:
+        return role in self.roles
+
+    def lines(self) -> list[str]:
+        """One line per role, in :data:`ROLES` order, each starting with the role's name."""
+        return [self.roles[r].line() for r in ROLES if r in self.roles]
+
+    def ray_actors(self) -> dict[str, int]:
+        """The roles that run as Ray actors and how many actors each (the reservation's)."""
+        return {r: p.count - (r == "policy") for r, p in self.roles.items() if p.where == "ray" and p.count - (r == "policy")}
+
+
+def plan(cfg: Config) -> Topology:
+    """Where each role of ``cfg`` runs (see the module docstring); an impossible request is an
+    InputError naming the ``runtime.roles`` key."""
+    roles, engine = cfg.runtime.roles, cfg.runtime.engine
+    remote = "ray" if engine == "ray" else "process"
+    cores = cfg.run.threads or available_cores()
+    out: dict[str, RolePlan] = {}
+
+    def add(role: str, where: str, count: int, detail: str = "", threads: int | None = None) -> None:
+        spec = getattr(roles, role)
+        colocate = "" if spec.colocate in ("auto", "none") else spec.colocate
+        out[role] = RolePlan(role, where, count, spec.threads if threads is None else threads, spec.cpus, spec.gpus,
+                             colocate, spec.timeout_s, detail)
+
+    ranks = cfg.runtime.trainer_ranks
+    add("policy", "inline" if ranks == 1 else remote, ranks,
+        "rank 0 in the controller's process" + (f", ranks 1..{ranks - 1} beside it" if ranks > 1 else ""))
+    for role, used in (("reference", cfg.algo.kl_loss_coef > 0), ("critic", cfg.algo.adv_estimator == "gae")):
+        if used:
+            add(role, "inline" if engine == "local" else "ray", 1)
+    rollout = roles.rollout
+    shares = rollout.colocate == "policy" or (rollout.colocate == "auto" and cfg.rollout.mode == "sync" and engine == "local"
+                                              and cfg.train.strategy != "fsdp")
+    if shares:
+        if cfg.rollout.max_staleness > 0:
+            raise InputError(f"runtime.roles.rollout.colocate = policy: rollout workers sharing the policy's module "
+                             f"sample from the weights being trained; with rollout.max_staleness = "
+                             f"{cfg.rollout.max_staleness} they need their own (runtime.roles.rollout.colocate=none)")
+        if cfg.train.strategy == "fsdp":
+            raise InputError("runtime.roles.rollout.colocate = policy: FSDP shards the policy's module, which a "
+                             "rollout worker sharing it cannot sample from; set runtime.roles.rollout.colocate=none")
+        add("rollout", "thread", rollout.count, f"{cfg.rollout.backend} backend over the policy's own module", threads=0)
+        out["rollout"] = _replace_colocate(out["rollout"], "policy")
+    else:
+        add("rollout", remote, rollout.count, f"{cfg.rollout.backend} backend, weights of their own",
+            threads=rollout.threads or cores)
+    if roles.reward.count:
+        add("reward", "process", roles.reward.count, "grading processes of the rollout producer")
+    else:
+        add("reward", "inline", 1, "graded on the rollout producer's thread; no time limit per sample")
+    if cfg.env.name:
+        if roles.env.count:
+            add("env", "process", roles.env.count, "environment processes of each rollout worker")
+        else:
+            add("env", "inline", 1, "stepped in each rollout worker; no time limit per step")
+    return Topology(engine, out)
+
+
+def _replace_colocate(p: RolePlan, colocate: str) -> RolePlan:
+    return RolePlan(p.role, p.where, p.count, p.threads, p.cpus, p.gpus, colocate, p.timeout_s, p.detail)
+
+
+class _Factory:
+    """A picklable factory for the workers of one role: ``factory(*args)``, then
+    ``wrap(worker, role, index)`` (the fault plan's wrappers for that worker), built where
+    the worker runs."""
+
+    def __init__(self, factory: Callable[..., Any], wrap: Callable[[Any, str, int], Any] | None, role: str) -> None:
+        self.factory, self.wrap, self.role = factory, wrap, role
+        self.__module__ = factory.__module__  # the forkserver preloads the factory's module
+
+    def __call__(self, index: int, *args: Any) -> Any:
+        worker = self.factory(*args)
+        return worker if self.wrap is None else self.wrap(worker, self.role, index)
+
+
+def spawn(role: RolePlan, factory: Callable[..., Any], args_per_worker: list[tuple], *, concurrent: tuple[str, ...] = (),
+          wrap: Callable[[Any, str, int], Any] | None = None, reservation=None):
+    """A WorkerGroup of ``role.count`` workers, each ``factory(*args)`` (one ``args_per_worker``
+    entry each) where ``role`` says, wrapped by ``wrap(worker, role name, index)`` there (the
+    fault plan's wrappers), every call bounded by ``role.timeout_s``; ``concurrent`` methods
+    run beside a running call; ``reservation`` (Ray) places the actors."""
+    if len(args_per_worker) != role.count:
+        raise ValueError(f"spawn({role.role}): {len(args_per_worker)} argument tuples for {role.count} workers")
+    build = _Factory(factory, wrap, role.role)
+    indexed = [(i, *a) for i, a in enumerate(args_per_worker)]
+    if role.where == "inline":
+        return LocalGroup([build(*a) for a in indexed])
+    if role.where == "thread":
+        return ThreadGroup(build, indexed, name=role.role, timeout_s=role.timeout_s, concurrent=concurrent)
+    if role.where == "process":
+        return ProcessGroup(build, indexed, name=role.role, timeout_s=role.timeout_s, start_timeout_s=role.timeout_s,
+                            concurrent=concurrent)
+    from reasonrl.runtime.ray import RayGroup
+
+    options = reservation.options(role.role) if reservation is not None else {}
+    return RayGroup(build, indexed, role.role, timeout_s=role.timeout_s, start_timeout_s=role.timeout_s,
+                    concurrent=concurrent, **options)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"

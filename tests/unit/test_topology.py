@@ -1,0 +1,75 @@
+"""The topology: one plan of where every role runs, printed one line per role, and spawn."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from reasonrl.config import load
+from reasonrl.errors import InputError
+from reasonrl.runtime import LocalGroup, ProcessGroup
+from reasonrl.runtime.group import ThreadGroup
+from reasonrl.runtime.topology import plan, spawn
+from tests.worker_fixtures import Tagged, tag_worker
+
+
+def where(overrides):
+    topology = plan(load(None, overrides))
+    return {role: (p.where, p.count, p.colocate) for role, p in topology.roles.items()}, topology
+
+
+def test_sync_shares_the_policy_module_and_async_gives_rollout_workers_their_own_processes():
+    roles, topology = where([])
+    assert roles == {"policy": ("inline", 1, ""), "rollout": ("thread", 1, "policy"), "reward": ("inline", 1, "")}
+    roles, _ = where(["rollout.mode=async", "runtime.roles.rollout.count=2", "runtime.roles.rollout.threads=1",
+                      "runtime.roles.reward.count=2", "algo.kl_loss_coef=0.01"])
+    assert roles == {"policy": ("inline", 1, ""), "reference": ("inline", 1, ""), "rollout": ("process", 2, ""),
+                     "reward": ("process", 2, "")}
+    roles, _ = where(["runtime.roles.rollout.colocate=none", "runtime.roles.rollout.count=3"])  # sync with processes
+    assert roles["rollout"] == ("process", 3, "")
+    roles, _ = where(["rollout.mode=lockstep", "runtime.roles.rollout.colocate=policy", "runtime.roles.rollout.count=2"])
+    assert roles["rollout"] == ("thread", 2, "policy")
+
+
+def test_ray_puts_every_role_but_rank_0_in_actors():
+    roles, topology = where(["runtime.engine=ray", "runtime.roles.rollout.count=2", "algo.adv_estimator=gae",
+                             "runtime.trainer_ranks=2", "env.name=grid"])
+    assert roles["rollout"] == ("ray", 2, "") and roles["critic"] == ("ray", 1, "") and roles["policy"] == ("ray", 2, "")
+    assert roles["env"] == ("process", 2, "")
+    assert topology.ray_actors() == {"policy": 1, "critic": 1, "rollout": 2}
+
+
+def test_the_plan_prints_one_line_per_role_starting_with_its_name():
+    _, topology = where(["rollout.mode=async", "runtime.roles.rollout.count=2", "runtime.roles.rollout.threads=1",
+                         "algo.adv_estimator=gae", "env.name=grid"])
+    lines = topology.lines()
+    assert [line.split()[0] for line in lines] == ["policy", "critic", "rollout", "reward", "env"]
+    assert lines[2].split()[1:3] == ["process", "x2"] and "threads 1" in lines[2] and "timeout 600 s" in lines[2]
+
+
+def test_a_rollout_sharing_the_policy_module_must_not_run_ahead():
+    with pytest.raises(InputError, match=r"runtime.roles.rollout.colocate = policy: .*rollout.max_staleness = 1"):
+        where(["rollout.mode=async", "rollout.max_staleness=1", "algo.off_policy=bypass",
+               "runtime.roles.rollout.colocate=policy"])
+
+
+def test_spawn_builds_each_worker_where_its_role_runs_and_wraps_it_there():
+    _, topology = where(["rollout.mode=async", "runtime.roles.rollout.count=2"])
+    group = spawn(topology["rollout"], Tagged, [(1,), (2,)], wrap=tag_worker)
+    try:
+        assert isinstance(group, ProcessGroup)
+        tags = group.call("get_tag")
+        assert [t.split(" in ")[0] for t in tags] == ["rollout[0]", "rollout[1]"]
+        assert {int(t.split(" in ")[1]) for t in tags} == set(group.pids) and os.getpid() not in group.pids
+        assert group.call("add", 0) == [1, 2]
+    finally:
+        group.close()
+    _, topology = where([])
+    thread = spawn(topology["rollout"], Tagged, [(5,)], wrap=tag_worker, concurrent=("set_flag",))
+    inline = spawn(topology["policy"], Tagged, [(7,)])
+    assert isinstance(thread, ThreadGroup) and isinstance(inline, LocalGroup)
+    assert thread.call("get_tag") == [f"rollout[0] in {os.getpid()}"] and inline.call("add", 1) == [8]
+    thread.close()
+    with pytest.raises(ValueError, match=r"spawn\(rollout\): 2 argument tuples for 1 workers"):
+        spawn(topology["rollout"], Tagged, [(1,), (2,)])

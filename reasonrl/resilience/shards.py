@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
-
-import torch
+from typing import Callable, Sequence
 
 from reasonrl.resilience.guards import SlowdownDetector
 from reasonrl.types import RolloutBatch, SamplingParams, WeightsUpdate
@@ -26,7 +24,9 @@ class ShardedRollouts:
         self.workers, self.detector, self.clock, self.pad_id = workers, detector, clock, pad_id
         self.shares: dict[str, float] = {}
 
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator) -> RolloutBatch:
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int]) -> RolloutBatch:
+        """``n`` samples per prompt, the prompts split across the workers (each group keeps its
+        seed, so the split does not change what it samples)."""
         ids = list(range(len(self.workers)))
         shares = [1 / len(ids)] * len(ids)
         if any(self.detector.is_slow("gen", w) for w in ids):
@@ -39,7 +39,7 @@ class ShardedRollouts:
             if count == 0:
                 continue
             began = time.perf_counter()
-            parts.append(self.workers[w].generate(prompts[start : start + count], n, params, generator))
+            parts.append(self.workers[w].generate(prompts[start : start + count], n, params, seeds[start : start + count]))
             self.detector.update("gen", w, self.clock(), time.perf_counter() - began, work=count)
             start += count
         return RolloutBatch.concat(parts, self.pad_id)

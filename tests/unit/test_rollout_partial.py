@@ -60,6 +60,21 @@ def test_without_an_update_it_equals_the_fast_backend():
     assert torch.equal(ours.versions, plain.response_mask.long() * 7)
 
 
+def test_an_interrupted_sample_continues_its_random_draws():
+    # An "update" to the same weights after 4 steps: the unfinished rows are encoded afresh and go
+    # on drawing uniforms(row seed, t) from their token count, so they sample what an
+    # uninterrupted generation samples.
+    old, _ = models()
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW)
+    plain = FastGenerator(old, PAD, EOS).generate(PROMPTS, 3, params, seeds(PROMPTS, 4))
+    partial, updates = interrupted_at(old, old, at=4)
+    ours = partial.generate(PROMPTS, 3, params, seeds(PROMPTS, 4))
+    assert updates.reloads == 1 and (plain.lengths > 5).any() and (ours.versions == 1).any()
+    for key in ("response_ids", "response_mask", "eos", "truncated"):
+        assert torch.equal(getattr(ours, key), getattr(plain, key)), key
+    torch.testing.assert_close(ours.logprobs, plain.logprobs, atol=1e-5, rtol=0)
+
+
 def test_an_update_mid_way_continues_unfinished_samples_with_the_new_weights():
     old, new = models()
     partial, updates = interrupted_at(old, new, at=4)

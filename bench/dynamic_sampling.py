@@ -51,6 +51,7 @@ from rollout import EOS, PAD, build_model, build_prompts  # noqa: E402  (bench/r
 
 from reasonrl.rollout.fast import FastGenerator  # noqa: E402
 from reasonrl.rollout.scheduler import RolloutScheduler  # noqa: E402
+from reasonrl.rollout.seeds import group_seed  # noqa: E402
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch  # noqa: E402
 
 
@@ -106,17 +107,18 @@ def warm_setup(pool: int):
 
 
 class Source:
-    """next_prompts(k) over a seeded permutation of the pool (wraps around)."""
+    """next_prompts(k) over a seeded permutation of the pool (wraps around): ``(prompt, ids, seed)``
+    triples, the ``d``-th draw sampled with ``group_seed(seed, d)`` as a run's producer does."""
 
     def __init__(self, prompts, seed: int) -> None:
-        self.prompts = prompts
+        self.prompts, self.seed = prompts, seed
         self.order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
         self.position = 0
 
     def __call__(self, k: int):
-        out = [self.prompts[self.order[(self.position + i) % len(self.order)]] for i in range(k)]
+        draws = range(self.position, self.position + k)
         self.position += k
-        return out
+        return [(*self.prompts[self.order[d % len(self.order)]], group_seed(self.seed, d)) for d in draws]
 
 
 def main() -> None:
@@ -146,18 +148,16 @@ def main() -> None:
         "stream": dict(early_stop=True, oversample=args.oversample),
     }
     # Warm-up (first calls allocate and load kernels).
-    RolloutScheduler(generator, score, args.n, params, **common, **variants["stream"]).collect(
-        Source(prompts, 10_000), torch.Generator().manual_seed(10_000)
-    )
+    RolloutScheduler(generator, score, args.n, params, **common, **variants["stream"]).collect(Source(prompts, 10_000))
 
     rows: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
     for seed in range(args.seeds):
         for name, options in variants.items():
             scheduler = RolloutScheduler(generator, score, args.n, params, **common, **options)
-            source, rng = Source(prompts, seed), torch.Generator().manual_seed(seed)
+            source = Source(prompts, seed)
             for _ in range(args.steps):
                 start = time.perf_counter()
-                batch, stats = scheduler.collect(source, rng)
+                batch, stats = scheduler.collect(source)
                 seconds = time.perf_counter() - start
                 completed_groups = stats["batch/generated_samples"] / args.n
                 record = {

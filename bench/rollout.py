@@ -40,6 +40,7 @@ import transformers
 from machine_load import busy_jiffies
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
+from reasonrl.rollout.seeds import group_seed
 from reasonrl.train.logprobs import compute_logprobs
 from reasonrl.types import RolloutBatch, SamplingParams
 
@@ -97,7 +98,8 @@ def timed(device: str, fn):
 
 def timed_generate(generator, prompts, n, params, seed) -> tuple[float, RolloutBatch]:
     device = str(next(generator.model.parameters()).device)
-    return timed(device, lambda: generator.generate(prompts, n, params, torch.Generator().manual_seed(seed)))
+    seeds = [group_seed(seed, i) for i in range(len(prompts))]
+    return timed(device, lambda: generator.generate(prompts, n, params, seeds))
 
 
 def timed_lean_forward(model, batch: RolloutBatch) -> float:

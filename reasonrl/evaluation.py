@@ -18,8 +18,10 @@ are correct (eval.k at eval.temperature, eval.top_p, eval.top_k):
 each with its standard error over the prompts (s / sqrt(n), :func:`~reasonrl.algo.evaluation.mean_stderr`).
 Validation logs them as ``val/<data_source>/acc/<metric>`` and ``val/all/acc/<metric>``, beside
 ``val/acc`` (= all mean@k), ``val/pass@j``, ``val/acc/<data_source>`` (with several sources) and
-``val/acc_greedy``. Sampling is seeded from ``run.seed`` and the step, so an evaluation never
-moves the training RNGs.
+``val/acc_greedy``. Sampling never touches the training RNGs: prompt i (its index among the
+evaluated prompts) samples with the group seed ``group_seed(combine(run.seed, VALIDATION), i)``
+(:mod:`reasonrl.rollout.seeds`), the same at every step and whatever ``eval.batch_prompts``
+chunks the prompts into, so two validations differ only by their weights.
 """
 
 from __future__ import annotations
@@ -46,10 +48,14 @@ from reasonrl.env.splits import run_splits
 from reasonrl.errors import InputError, InputNotFound
 from reasonrl.reward.math import INVALID
 from reasonrl.rollout.base import generate_for
+from reasonrl.rollout.seeds import combine, group_seed
 from reasonrl.runtime import setup_torch
 from reasonrl.samples import sample_records
 from reasonrl.types import Prompt, SamplingParams
 from reasonrl.workers import RewardWorker, RolloutWorker
+
+VALIDATION = 0x7A11D
+"""Mixed with ``run.seed`` into the seed of validation's groups (a stream apart from training's draws)."""
 
 ALL = "all"
 """The group of every prompt, beside one group per data source."""
@@ -156,19 +162,21 @@ class Evaluator:
         max_new = e.max_new_tokens or self.cfg.rollout.max_new_tokens
         sampled = SamplingParams(e.temperature, e.top_p, e.top_k, max_new)
         greedy = SamplingParams(0.0, max_new_tokens=max_new)
-        g = torch.Generator().manual_seed(self.cfg.run.seed * 1_000_003 + step)
+        base = combine(self.cfg.run.seed, VALIDATION)
         tokenizer = self.reward.tokenizer
         results, records, greedy_records = [], [], []
         for start in range(0, len(self.prompts), e.batch_prompts):
             prompts = self.prompts[start : start + e.batch_prompts]
             ids = self.prompt_ids[start : start + e.batch_prompts]
-            scored = self.reward.score(generate_for(self.rollout, prompts, ids, k, sampled, g), [p for p in prompts for _ in range(k)])
+            seeds = [group_seed(base, start + i) for i in range(len(prompts))]
+            scored = self.reward.score(generate_for(self.rollout, prompts, ids, k, sampled, seeds),
+                                       [p for p in prompts for _ in range(k)])
             records += [{**r, "greedy": False} for r in sample_records(scored, tokenizer, split, step)]
             acc = scored.acc.view(len(prompts), k).tolist()
             answers = [None if a == INVALID else a for a in scored.preds]
             greedy_acc: list[bool | None] = [None] * len(prompts)
             if e.greedy:
-                decoded = self.reward.score(generate_for(self.rollout, prompts, ids, 1, greedy, g), prompts)
+                decoded = self.reward.score(generate_for(self.rollout, prompts, ids, 1, greedy, seeds), prompts)
                 greedy_records += [{**r, "greedy": True} for r in sample_records(decoded, tokenizer, split, step)]
                 greedy_acc = decoded.acc.tolist()
             results += [PromptResult(p.data_source, tuple(acc[i]), tuple(answers[i * k : (i + 1) * k]), greedy_acc[i])

@@ -76,7 +76,8 @@ def greedy_accuracy(model, tokenizer, problems: list[tasks.Problem], max_new_tok
     """Fraction of problems whose greedy response earns the DAPO reward."""
     gen = FastGenerator(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
     prompts = [tokenizer(p.question)["input_ids"] for p in problems]
-    batch = gen.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens), torch.Generator().manual_seed(0))
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    batch = gen.generate(prompts, 1, greedy, [0] * len(prompts))  # greedy: the seeds are not read
     texts = tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
     return sum(dapo_score(t, str(p.answer))["acc"] for t, p in zip(texts, problems)) / len(problems)
 

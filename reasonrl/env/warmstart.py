@@ -68,9 +68,10 @@ from reasonrl.env.splits import HELD_OUT_SEED
 from reasonrl.errors import InputError
 from reasonrl.rollout.agent_loop import AgentLoop, observation_ids
 from reasonrl.rollout.fast import FastGenerator
+from reasonrl.rollout.seeds import group_seed
 from reasonrl.types import SamplingParams
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump when the demonstrations, their tokenisation or the training change what a cached model is."""
 
 
@@ -289,10 +290,10 @@ def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[to
 
 
 def sampled_success(model, tokenizer, e: EnvConfig, seeds: list[int], max_new_tokens: int,
-                    generator: torch.Generator, temperature: float = 1.0) -> tuple[float, list[dict[str, Any]]]:
+                    sample_seed: int, temperature: float = 1.0) -> tuple[float, list[dict[str, Any]]]:
     """The success rate of ``model``'s sampled episodes from ``seeds`` (one each), run by the real
-    :class:`~reasonrl.rollout.agent_loop.AgentLoop` over an in-process :class:`EnvPool`; also the
-    episodes' records."""
+    :class:`~reasonrl.rollout.agent_loop.AgentLoop` over an in-process :class:`EnvPool`, episode
+    ``i`` sampling with the group seed ``group_seed(sample_seed, i)``; also the episodes' records."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     backend = FastGenerator(model, pad, eos)
     prompts = []
@@ -313,7 +314,8 @@ def sampled_success(model, tokenizer, e: EnvConfig, seeds: list[int], max_new_to
         model.eval()
         try:
             with torch.no_grad():
-                batch = loop.generate(prompts, 1, params, generator, list(seeds))
+                batch = loop.generate(prompts, 1, params, [group_seed(sample_seed, i) for i in range(len(seeds))],
+                                      list(seeds))
         finally:
             model.train(was_training)
     episodes = batch.episodes or []
@@ -414,8 +416,7 @@ def _train(cfg: Config, out_dir: Path, log: Callable[[str], None]) -> dict[str, 
             group["lr"] = s.lr * min(1.0, step / 20) * (spec.noisy_lr_scale if switched else 1.0)
         loss = sft_step(model, opt, input_ids, labels, attn)
         if step % spec.eval_every == 0 or step == max_steps:
-            success, _ = sampled_success(model, tokenizer, e, seeds, cfg.rollout.max_new_tokens,
-                                         torch.Generator().manual_seed(s.seed + step))
+            success, _ = sampled_success(model, tokenizer, e, seeds, cfg.rollout.max_new_tokens, s.seed + step)
             history.append([step, phase, round(success, 4)])
             log(f"warm start step {step} ({phase} phase): loss {loss.item():.3f}, "
                 f"sampled held-out success {success:.3f}")

@@ -1,11 +1,13 @@
 """Multi-turn episodes: the policy and an environment take turns, token ids in, token ids out.
 
     loop = AgentLoop(backend, pool, tokenizer, cfg.env, eos_ids, pad_id)
-    batch = loop.generate(prompts, n, params, generator, seeds)   # a RolloutBatch of episodes
+    batch = loop.generate(prompts, n, params, seeds, reset_seeds)   # a RolloutBatch of episodes
 
 Row ``i * n + j`` is sample ``j`` of prompt ``i``: an episode of environment slot ``i * n + j``
-(of its wave, below) reset with ``seeds[i]``, so the ``n`` samples of a prompt are a group of
-trajectories from one initial state. Its trajectory is::
+(of its wave, below) reset with ``reset_seeds[i]``, so the ``n`` samples of a prompt are a group of
+trajectories from one initial state. Its policy tokens are sampled with the row's seed
+(``seeds[i]`` and ``j``, :func:`~reasonrl.rollout.seeds.row_seeds`), the ``t``-th of the
+episode with ``uniforms(row seed, t)``: the same whatever wave or batch the episode runs in. Its trajectory is::
 
     prompt_i | turn_1  obs_1  turn_2  obs_2 ... turn_K
                ^ policy (sampled ids, EOS included)   ^ environment (observation_ids(obs_k))
@@ -40,7 +42,8 @@ import torch
 
 from reasonrl.config import EnvConfig
 from reasonrl.errors import InputError
-from reasonrl.rollout.hf import Continuation, Turn, draw_seed, eos_tuple, pad_prompts
+from reasonrl.rollout.hf import Continuation, Turn, eos_tuple, pad_prompts
+from reasonrl.rollout.seeds import check_seeds, row_seeds
 from reasonrl.types import RolloutBatch, SamplingParams
 
 SYSTEM_PLACEHOLDER = {"role": "system", "content": ""}
@@ -153,7 +156,7 @@ class AgentLoop:
     the module docstring).
 
     ``backend``: a FastGenerator or HFGenerator (anything with ``model`` and ``start(prompts,
-    n, capacity, eos_ids) -> Continuation``: capacity ``env.max_tokens``); ``pool``: an EnvPool (``size``, ``reset_many``, ``step_many``);
+    n, capacity, rows, eos_ids) -> Continuation``: capacity ``env.max_tokens``, ``rows`` the row seeds); ``pool``: an EnvPool (``size``, ``reset_many``, ``step_many``);
     ``tokenizer``: the policy's (decodes turns, encodes observations: :func:`observation_ids`);
     turns end on any of ``eos_ids``; responses are padded with ``pad_id``.
     """
@@ -180,11 +183,11 @@ class AgentLoop:
         self.backend.load_weights(tensors)
 
     def generate(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator, seeds: list[int]
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int], reset_seeds: Sequence[int]
     ) -> RolloutBatch:
         """``n`` episodes per prompt: ``prompts[i]`` the ids of prompt ``i``'s first observation
-        as the chat template renders it, its environments reset with ``seeds[i]``. All
-        sampling draws from a private generator seeded from ``generator`` (advanced once).
+        as the chat template renders it, its environments reset with ``reset_seeds[i]``, its
+        policy tokens sampled with the group seed ``seeds[i]`` (module docstring).
 
         The batch (see :class:`~reasonrl.types.RolloutBatch`): ``response_ids`` the
         trajectories after their prompts, ``response_mask`` 1 on all their tokens,
@@ -201,12 +204,13 @@ class AgentLoop:
         EnvFailure's message, "" when none) and ``env_tokens`` (environment tokens in the
         response).
         """
-        if len(seeds) != len(prompts):
-            raise ValueError(f"seeds: expected one reset seed per prompt ({len(prompts)}), got {len(seeds)}")
-        rng = torch.Generator(device=generator.device).manual_seed(draw_seed(generator))
+        check_seeds(seeds, prompts)
+        if len(reset_seeds) != len(prompts):
+            raise ValueError(f"reset_seeds: expected one reset seed per prompt ({len(prompts)}), got {len(reset_seeds)}")
+        rows = row_seeds(seeds, n)
         episodes: list[Episode] = []
         for lo, hi in self._waves(len(prompts) * n, n):
-            episodes += self._wave(prompts, n, seeds, lo, hi, params, rng)
+            episodes += self._wave(prompts, n, reset_seeds, rows[lo:hi], lo, hi, params)
         return self._assemble(prompts, n, episodes)
 
     def _waves(self, B: int, n: int) -> list[tuple[int, int]]:
@@ -214,28 +218,28 @@ class AgentLoop:
         size = self.pool.size // n * n if self.pool.size >= n else self.pool.size
         return [(lo, min(lo + size, B)) for lo in range(0, B, size)]
 
-    def _continuation(self, prompts: list[list[int]], n: int, lo: int, hi: int) -> Continuation:
-        """The continuation of rows ``lo .. hi - 1`` (each distinct prompt encoded once when they are whole groups)."""
+    def _continuation(self, prompts: list[list[int]], n: int, rows: torch.Tensor, lo: int, hi: int) -> Continuation:
+        """The continuation of rows ``lo .. hi - 1`` with row seeds ``rows`` (each distinct prompt
+        encoded once when they are whole groups)."""
         if lo % n == 0 and hi % n == 0:
-            return self.backend.start(prompts[lo // n : hi // n], n, self.cfg.max_tokens, self.eos_ids)
-        return self.backend.start([prompts[r // n] for r in range(lo, hi)], 1, self.cfg.max_tokens, self.eos_ids)
+            return self.backend.start(prompts[lo // n : hi // n], n, self.cfg.max_tokens, rows, self.eos_ids)
+        return self.backend.start([prompts[r // n] for r in range(lo, hi)], 1, self.cfg.max_tokens, rows, self.eos_ids)
 
-    def _wave(self, prompts, n, seeds, lo: int, hi: int, params: SamplingParams, rng: torch.Generator) -> list[Episode]:
-        """The episodes of rows ``lo .. hi - 1`` on pool slots ``0 .. hi - lo - 1``."""
-        continuation = self._continuation(prompts, n, lo, hi)
+    def _wave(self, prompts, n, reset_seeds, rows: torch.Tensor, lo: int, hi: int, params: SamplingParams) -> list[Episode]:
+        """The episodes of rows ``lo .. hi - 1`` (row seeds ``rows``) on pool slots ``0 .. hi - lo - 1``."""
+        continuation = self._continuation(prompts, n, rows, lo, hi)
         episodes = [Episode() for _ in range(lo, hi)]
-        resets = self.pool.reset_many([seeds[r // n] for r in range(lo, hi)])
+        resets = self.pool.reset_many([reset_seeds[r // n] for r in range(lo, hi)])
         live = []
         for slot, episode in enumerate(episodes):
             _, episode.error = unpack(resets[slot], 2, slot)
             if not episode.failed:
                 live.append(slot)
         while live:
-            live = self._turn(continuation, episodes, live, params, rng)
+            live = self._turn(continuation, episodes, live, params)
         return episodes
 
-    def _turn(self, continuation: Continuation, episodes: list[Episode], live: list[int], params: SamplingParams,
-              rng: torch.Generator) -> list[int]:
+    def _turn(self, continuation: Continuation, episodes: list[Episode], live: list[int], params: SamplingParams) -> list[int]:
         """One turn of the ``live`` slots: sample, step, append the observations that fit; the slots still live."""
         limits = {k: min(params.max_new_tokens, self.cfg.max_tokens - len(episodes[k].ids)) for k in live}
         for k in [k for k in live if limits[k] <= 0]:
@@ -244,7 +248,7 @@ class AgentLoop:
         if not live:
             return []
         actions: list[str | None] = [None] * self.pool.size
-        for k, turn in zip(live, continuation.generate_turn(live, params, rng, [limits[k] for k in live])):
+        for k, turn in zip(live, continuation.generate_turn(live, params, [limits[k] for k in live])):
             episodes[k].add_turn(turn)
             actions[k] = self.tokenizer.decode(turn.tokens, skip_special_tokens=True)
         results = self.pool.step_many(actions)

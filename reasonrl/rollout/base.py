@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 
@@ -13,7 +13,11 @@ class Generator(Protocol):
     """Samples ``n`` responses for each prompt.
 
     ``prompts`` are token id lists (no padding). The result's row ``i * n + j`` is sample
-    j of prompt i; ``generator`` seeds all sampling so that a call is reproducible.
+    j of prompt i. ``seeds`` holds one integer per prompt group (``len(seeds) == len(prompts)``,
+    else a ValueError): sample j of group i draws its ``t``-th token with
+    ``uniforms(row seed (seeds[i], j), t)`` (:mod:`reasonrl.rollout.seeds`), so a group's
+    samples are the same whichever worker serves it and whatever else shares the call.
+    Streaming backends also have ``generate_stream(prompts, n, params, seeds, on_groups_done)``.
     """
 
     trainer_numerics: bool
@@ -28,7 +32,7 @@ class Generator(Protocol):
         prompts: list[list[int]],
         n: int,
         params: SamplingParams,
-        generator: torch.Generator,
+        seeds: Sequence[int],
     ) -> RolloutBatch: ...
 
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -36,13 +40,13 @@ class Generator(Protocol):
 
 
 def generate_for(generator, prompts: list[Prompt], ids: list[list[int]], n: int, params: SamplingParams,
-                 rng: torch.Generator) -> RolloutBatch:
-    """``generator.generate(ids, n, params, rng)``; an episodic generator (one whose
-    ``episodic`` is True: the multi-turn rollout worker, which resets an environment per
-    prompt) also gets the prompts themselves as ``states``."""
+                 seeds: Sequence[int]) -> RolloutBatch:
+    """``generator.generate(ids, n, params, seeds)`` (one seed per prompt group); an episodic
+    generator (one whose ``episodic`` is True: the multi-turn rollout worker, which resets an
+    environment per prompt) also gets the prompts themselves as ``states``."""
     if getattr(generator, "episodic", False):
-        return generator.generate(ids, n, params, rng, states=prompts)
-    return generator.generate(ids, n, params, rng)
+        return generator.generate(ids, n, params, seeds, states=prompts)
+    return generator.generate(ids, n, params, seeds)
 
 
 @torch.no_grad()

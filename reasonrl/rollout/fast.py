@@ -42,7 +42,6 @@ from reasonrl.rollout.hf import (
     Turn,
     assemble,
     collect_turns,
-    draw_seed,
     eos_tuple,
     inference,
     is_eos,
@@ -51,6 +50,7 @@ from reasonrl.rollout.hf import (
     sample,
     turn_buffers,
 )
+from reasonrl.rollout.seeds import check_seeds, row_seeds, uniforms
 from reasonrl.types import RolloutBatch, SamplingParams
 
 # Compact the batch once at most this fraction of its rows is still live.
@@ -123,9 +123,9 @@ class FastGenerator:
 
     ``static_shapes``: decode a fixed batch over the whole cache, each step a replayed CUDA
     graph; ``None`` (the default) does so on CUDA devices and compacts the batch elsewhere;
-    ``True`` on a CPU runs the same fixed-shape loop eagerly (tests). Under greedy decoding
-    both loops give the same tokens; with sampling each has its own random stream (one
-    number per live row and step vs one per row and step). A row ends on any of ``eos_ids``.
+    ``True`` on a CPU runs the same fixed-shape loop eagerly (tests). Both loops draw a row's
+    ``t``-th token with ``uniforms(row seed, t)`` (:mod:`reasonrl.rollout.seeds`), so they
+    give the same tokens wherever their logits agree. A row ends on any of ``eos_ids``.
     """
 
     trainer_numerics = True
@@ -150,21 +150,22 @@ class FastGenerator:
         prompts: list[list[int]],
         n: int,
         params: SamplingParams,
-        generator: torch.Generator,
+        seeds: Sequence[int],
     ) -> RolloutBatch:
         """Sample ``n`` responses per prompt; see :class:`~reasonrl.rollout.base.Generator`.
 
-        All randomness comes from a private generator seeded from ``generator`` (on the
-        same device as ``generator``): reproducible, and the global RNG is untouched.
+        All randomness comes from ``seeds`` (one per prompt group): a group's tokens do not
+        depend on the other prompts of the call, and the global RNG is untouched.
         """
+        check_seeds(seeds, prompts)
         device = next(self.model.parameters()).device
         prompt_ids, prompt_mask = pad_prompts(prompts, n, self.pad_id, device)
-        rng = torch.Generator(device=generator.device).manual_seed(draw_seed(generator))
+        rows = row_seeds(seeds, n, device)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                decoded = self._decode(prompt_ids, prompt_mask, n, params, rng)
+                decoded = self._decode(prompt_ids, prompt_mask, n, params, rows)
                 response_ids, logprobs = decoded.tokens, decoded.logprobs
         finally:
             self.model.train(was_training)
@@ -175,7 +176,7 @@ class FastGenerator:
         prompts: list[list[int]],
         n: int,
         params: SamplingParams,
-        generator: torch.Generator,
+        seeds: Sequence[int],
         on_groups_done: GroupsDone,
     ) -> StreamResult:
         """:meth:`generate`, reporting each prompt group to ``on_groups_done`` (see
@@ -183,13 +184,14 @@ class FastGenerator:
         ``max_new_tokens``), and stopping as soon as the callback returns True.
 
         The callback does not change the sampling: every completed group has exactly the
-        tokens and log-probs that :meth:`generate` gives it for the same ``generator``
-        state (which both advance alike), and if the callback never stops the loop the
+        tokens and log-probs that :meth:`generate` gives it for the same ``seeds``,
+        and if the callback never stops the loop the
         batch equals :meth:`generate`'s. Deterministic: no threads, no timing involved.
         """
+        check_seeds(seeds, prompts)
         device = next(self.model.parameters()).device
         prompt_ids, prompt_mask = pad_prompts(prompts, n, self.pad_id, device)
-        rng = torch.Generator(device=generator.device).manual_seed(draw_seed(generator))
+        rows = row_seeds(seeds, n, device)
         G = len(prompts)
         completed: list[int] = []
         reported = torch.zeros(G, dtype=torch.bool)
@@ -209,7 +211,7 @@ class FastGenerator:
         self.model.eval()
         try:
             with torch.no_grad():
-                decoded = self._decode(prompt_ids, prompt_mask, n, params, rng, on_step=on_step)
+                decoded = self._decode(prompt_ids, prompt_mask, n, params, rows, on_step=on_step)
                 tokens, logprobs, stopped, steps_run = decoded.tokens, decoded.logprobs, decoded.stopped, decoded.steps
         finally:
             self.model.train(was_training)
@@ -269,14 +271,17 @@ class FastGenerator:
         prompt_mask: torch.Tensor,
         n: int,
         params: SamplingParams,
-        rng: torch.Generator,
+        seeds: torch.Tensor,
         on_step: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], bool] | None = None,
         limits: torch.Tensor | None = None,
         stop: Callable[[], bool] | None = None,
+        offsets: torch.Tensor | None = None,
     ) -> Decoded:
         """Decode ``[B, P]`` prompts, each repeated ``n`` times in a row: ``Decoded(tokens [B, S],
         logprobs [B, S], ...)``; anything after a row's end is garbage.
 
+        Row r's token ``t`` is drawn with ``uniforms(seeds[r], offsets[r] + t)``: ``seeds`` [B]
+        the row seeds, ``offsets`` [B] (default 0) the tokens each row sampled before this call.
         A row ends on any of ``self.eos_ids``. ``limits`` [B] (optional): row r ends after
         ``limits[r]`` tokens (<= max_new_tokens).
         With ``on_step``, it is called after each step ``t`` at which some row ended, as
@@ -293,6 +298,8 @@ class FastGenerator:
         tokens_out = torch.full((B, steps), self.pad_id, dtype=torch.long, device=device)
         logprobs_out = torch.zeros((B, steps), device=device)
         eos_ids = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        seeds = seeds.to(device)
+        offsets = torch.zeros_like(seeds) if offsets is None else offsets.to(device)
         if steps == 0:
             stopped = on_step is not None and bool(on_step(-1, torch.ones(B, dtype=torch.bool, device=device), tokens_out, logprobs_out))
             return Decoded(tokens_out, logprobs_out, stopped, False, 0)
@@ -306,13 +313,14 @@ class FastGenerator:
         static_step = None
         if static:
             state = (layers, cache, table, key_bias, logits, position, P, eos_ids)
-            static_step = self._static_step(state, params, rng, tokens_out, logprobs_out, alive)
+            static_step = self._static_step(state, params, (seeds, offsets), tokens_out, logprobs_out, alive)
         live_before, stopped, interrupted, t = B, False, False, 0
         for t in range(steps):
             if static_step is not None:
                 static_step(t)  # samples token t of every row, then feeds it to the model
             else:
-                tokens, logprobs = sample(logits, params, rng)
+                u = uniforms(seeds[rows], offsets[rows] + t) if params.temperature > 0 else None
+                tokens, logprobs = sample(logits, params, u)
                 tokens_out[rows, t] = tokens
                 logprobs_out[rows, t] = logprobs
                 alive &= ~is_eos(tokens, eos_ids)
@@ -344,7 +352,8 @@ class FastGenerator:
             position = position + 1
         return Decoded(tokens_out, logprobs_out, stopped, interrupted, t + 1)
 
-    def _static_step(self, state, params: SamplingParams, rng: torch.Generator, tokens_out, logprobs_out, alive):
+    def _static_step(self, state, params: SamplingParams, draws: tuple[torch.Tensor, torch.Tensor], tokens_out,
+                     logprobs_out, alive):
         """``step(t)`` of the fixed-shape loop: sample token ``t`` of every row from the
         current logits into ``tokens_out``, ``logprobs_out`` and ``alive``, then run the
         model on it (cache slot ``P + t``) for the next logits. On CUDA the whole step is
@@ -353,19 +362,21 @@ class FastGenerator:
         ``state`` is ``(fused weights, cache, rope table, key bias, logits [B, V] after the
         prompts, first positions [B], P, EOS ids [E] on the device)``. The step keeps its inputs in tensors of its own:
         the step index on the device, the logits buffer, and the uniforms of every step,
-        drawn at once (``[steps, B]`` from ``rng``, one per row and step).
+        computed at once (``[steps, B, 1]``: ``uniforms(seeds, offsets + t)`` for each step ``t``,
+        ``draws = (seeds, offsets)``, as the eager loop draws them).
         """
         layers, cache, table, key_bias, logits, position, P, eos = state
         device, steps = logits.device, tokens_out.shape[1]
         t_now = torch.zeros(1, dtype=torch.long, device=device)
-        uniforms = None
+        table_u = None
         if params.temperature > 0:
-            uniforms = torch.rand((steps, logits.shape[0], 1), generator=rng, device=rng.device).to(device)
+            seeds, offsets = draws
+            table_u = torch.stack([uniforms(seeds, offsets + t) for t in range(steps)])
         decoder = self.decoder
 
         def run() -> None:
-            u = None if uniforms is None else uniforms.index_select(0, t_now)[0]
-            tokens, logprobs = sample(logits, params, None, u)
+            u = None if table_u is None else table_u.index_select(0, t_now)[0]
+            tokens, logprobs = sample(logits, params, u)
             tokens_out.index_copy_(1, t_now, tokens[:, None])
             logprobs_out.index_copy_(1, t_now, logprobs[:, None])
             alive.logical_and_(~is_eos(tokens, eos))
@@ -386,12 +397,13 @@ class FastGenerator:
         return replay
 
     def start(
-        self, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int] | None = None
+        self, prompts: list[list[int]], n: int, capacity: int, rows: torch.Tensor, eos_ids: Sequence[int] | None = None
     ) -> "FastContinuation":
-        """A :class:`FastContinuation` of ``n`` rows per prompt, at most ``capacity`` tokens after
-        each prompt, turns ending on any of ``eos_ids`` (default: the backend's). Continuations
+        """A :class:`FastContinuation` of ``n`` rows per prompt with row seeds ``rows``
+        (:func:`~reasonrl.rollout.seeds.row_seeds`), at most ``capacity`` tokens after each
+        prompt, turns ending on any of ``eos_ids`` (default: the backend's). Continuations
         run the eager loop, on CUDA too (no CUDA graph: rows advance at their own pace)."""
-        return FastContinuation(self, prompts, n, capacity, self.eos_ids if eos_ids is None else eos_ids)
+        return FastContinuation(self, prompts, n, capacity, rows, self.eos_ids if eos_ids is None else eos_ids)
 
 
 class FastContinuation(Continuation):
@@ -412,9 +424,10 @@ class FastContinuation(Continuation):
     """
 
     def __init__(
-        self, gen: FastGenerator, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int]
+        self, gen: FastGenerator, prompts: list[list[int]], n: int, capacity: int, rows: torch.Tensor,
+        eos_ids: Sequence[int]
     ) -> None:
-        super().__init__(prompts, n, capacity, eos_ids, gen.pad_id, next(gen.model.parameters()).device)
+        super().__init__(prompts, n, capacity, rows, eos_ids, gen.pad_id, next(gen.model.parameters()).device)
         self.model, self.decoder = gen.model, gen.decoder
         prompt_ids, prompt_mask = pad_prompts(prompts, n, gen.pad_id, self.device)
         P = prompt_ids.shape[1]
@@ -455,9 +468,7 @@ class FastContinuation(Continuation):
         for r in rows:
             self.pending[r] = None
 
-    def _turn(
-        self, rows: list[int], limits: list[int], params: SamplingParams, generator: torch.Generator
-    ) -> list[Turn]:
+    def _turn(self, rows: list[int], limits: list[int], params: SamplingParams) -> list[Turn]:
         self._extend(rows, [[] for _ in rows])  # feed the pending tokens
         device, b, steps = self.device, len(rows), max(limits)
         index, own, work = self._work(rows)
@@ -469,8 +480,8 @@ class FastContinuation(Continuation):
         with inference(self.model):
             for t in range(steps):
                 act = alive.nonzero().squeeze(-1)
-                tok, logp = sample(logits[act], params, generator)
                 turn_rows = live[act]
+                tok, logp = sample(logits[act], params, self.draws(index[turn_rows], t, params))
                 tokens[turn_rows, t], logprobs[turn_rows, t], lengths[turn_rows] = tok, logp, t + 1
                 eos[turn_rows] = is_eos(tok, eos_ids)
                 alive[act] = ~eos[turn_rows] & (limit[turn_rows] > t + 1)

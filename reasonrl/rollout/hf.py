@@ -1,6 +1,7 @@
-"""The reference rollout backend: ``transformers`` ``model.generate``; for multi-turn
-rollouts, :meth:`HFGenerator.start` opens an :class:`HFContinuation` (the ``transformers``
-forward over the whole token sequence each turn).
+"""The reference rollout backend: the ``transformers`` forward of any causal LM, decoding
+over its key/value cache and sampling with :func:`sample` (per-row uniforms,
+:mod:`reasonrl.rollout.seeds`); for multi-turn rollouts, :meth:`HFGenerator.start` opens an
+:class:`HFContinuation` (the ``transformers`` forward over the whole token sequence each turn).
 
 Also holds the helpers every backend shares: :func:`pad_prompts` (repeat and
 left-pad the prompts), :func:`assemble` (turn generated tokens and their raw
@@ -19,6 +20,7 @@ from typing import Iterator, NamedTuple, Sequence
 import torch
 
 from reasonrl.rollout.base import copy_weights
+from reasonrl.rollout.seeds import check_seeds, row_seeds, uniforms
 from reasonrl.types import RolloutBatch, SamplingParams
 
 
@@ -102,16 +104,8 @@ def assemble(
     )
 
 
-def draw_seed(generator: torch.Generator) -> int:
-    """A 62-bit seed drawn from ``generator`` (advances it)."""
-    return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
-
-
 def sample(
-    logits: torch.Tensor,
-    params: SamplingParams,
-    generator: torch.Generator | None,
-    uniforms: torch.Tensor | None = None,
+    logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose one token per row from ``[b, V]`` raw logits; return ``(tokens [b], logprobs [b])``.
 
@@ -119,8 +113,9 @@ def sample(
     for greedy), before truncation. Sampling applies temperature, then top-k, then top-p
     (the smallest set of most likely tokens whose mass reaches ``top_p``), as
     ``transformers`` does, and draws by inverting the CDF: token = the first ``i`` with
-    ``cumsum(p)_i > u * sum(p)``, ``u ~ U[0, 1)`` from ``generator`` (one number per row;
-    tokens of zero mass are never chosen), or given as ``uniforms [b, 1]``.
+    ``cumsum(p)_i > u * sum(p)`` with ``u`` the row's entry of ``uniforms [b, 1]`` in [0, 1)
+    (:func:`~reasonrl.rollout.seeds.uniforms`; tokens of zero mass are never chosen).
+    Greedy decoding reads no uniforms.
     """
     logits = logits.float()
     if params.temperature <= 0:
@@ -142,11 +137,10 @@ def sample(
         probs = torch.softmax(scaled.masked_fill(drop.scatter(-1, order, drop), float("-inf")), -1)
     else:
         probs = logp.exp()
+    if uniforms is None:
+        raise ValueError("uniforms: sampling at temperature > 0 needs one uniform per row, got None")
     cdf = probs.cumsum(-1)
-    u = uniforms
-    if u is None:
-        u = torch.rand((cdf.shape[0], 1), generator=generator, device=generator.device).to(cdf.device)
-    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=V - 1)
+    tokens = torch.searchsorted(cdf, uniforms.to(cdf.device) * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=V - 1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -193,20 +187,27 @@ def inference(model: torch.nn.Module) -> Iterator[None]:
 class Continuation(ABC):
     """Token sequences continued turn by turn, token ids in and out (multi-turn rollouts).
 
-    Row ``i * n + j`` starts as prompt ``i``. :meth:`generate_turn` samples one turn for
+    Row ``i * n + j`` starts as prompt ``i``; ``rows`` (LongTensor ``[len(prompts) * n]``) holds
+    each row's seed (:func:`~reasonrl.rollout.seeds.row_seeds`). :meth:`generate_turn` samples one turn for
     some rows (each ends on any of ``eos_ids`` or its own token limit) and appends it to
     them; :meth:`extend` appends given tokens (an environment's) to some rows. Nothing is
-    ever re-tokenised. A row's trajectory after its prompt (its turns and what it was
+    ever re-tokenised. A row's ``t``-th sampled token (counted over all its turns) is drawn
+    with ``uniforms(its seed, t)``. A row's trajectory after its prompt (its turns and what it was
     extended with) holds at most ``capacity`` tokens: a turn limit or an extension past it
     is a ValueError. A continuation samples with the weights it started with. Subclasses
     implement ``_turn`` and ``_extend``.
     """
 
-    def __init__(self, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int], pad_id: int,
-                 device: torch.device) -> None:
+    def __init__(self, prompts: list[list[int]], n: int, capacity: int, rows: torch.Tensor, eos_ids: Sequence[int],
+                 pad_id: int, device: torch.device) -> None:
         if capacity < 0:
             raise ValueError(f"capacity: expected a number of tokens >= 0, got {capacity}")
         self.size = len(prompts) * n
+        if tuple(rows.shape) != (self.size,) or rows.dtype != torch.long:
+            raise ValueError(f"rows: expected {self.size} row seeds (int64), got {rows.dtype} of shape {tuple(rows.shape)}")
+        self.seeds = rows.to(device)
+        self.sampled = torch.zeros(self.size, dtype=torch.long, device=device)
+        """Tokens each row has sampled so far (its next token's counter ``t``)."""
         self.capacity = capacity
         self.eos_ids = eos_tuple(eos_ids)
         self.pad_id = pad_id
@@ -215,28 +216,31 @@ class Continuation(ABC):
         """Tokens of each row's trajectory after its prompt."""
 
     def generate_turn(
-        self,
-        rows: Sequence[int],
-        params: SamplingParams,
-        generator: torch.Generator,
-        max_new_tokens: int | Sequence[int],
+        self, rows: Sequence[int], params: SamplingParams, max_new_tokens: int | Sequence[int]
     ) -> list[Turn]:
         """Sample one turn for each of ``rows`` (distinct) and append it to the row: at most
         ``max_new_tokens`` tokens (one limit for all, or one per row; a limit of 0 gives an
-        empty turn), ending at the first EOS id. ``generator`` draws one number per row still
-        sampling, in ``rows`` order, at each step (:func:`sample`): the same draws in every
-        backend, so their tokens agree wherever their logits do. ``params.max_new_tokens``
-        is not read."""
+        empty turn), ending at the first EOS id. Each token is drawn with its row's own
+        uniform (:meth:`draws`): the same draws in every backend and whatever other rows take
+        part, so tokens agree wherever logits do. ``params.max_new_tokens`` is not read."""
         limits = [max_new_tokens] * len(rows) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         self._check(rows, limits, "max_new_tokens")
         turns = [Turn([], [], False)] * len(rows)
         active = [i for i, limit in enumerate(limits) if limit > 0]
         if active:
-            sampled = self._turn([rows[i] for i in active], [limits[i] for i in active], params, generator)
+            sampled = self._turn([rows[i] for i in active], [limits[i] for i in active], params)
             for i, turn in zip(active, sampled):
                 turns[i] = turn
                 self.used[rows[i]] += len(turn.tokens)
+                self.sampled[rows[i]] += len(turn.tokens)
         return turns
+
+    def draws(self, index: torch.Tensor, t: int, params: SamplingParams) -> torch.Tensor | None:
+        """The uniforms ``[len(index), 1]`` of step ``t`` of a turn for rows ``index`` (LongTensor on
+        the device): ``uniforms(seed, tokens sampled before the turn + t)``; None when greedy."""
+        if params.temperature <= 0:
+            return None
+        return uniforms(self.seeds[index], self.sampled[index] + t)
 
     def extend(self, rows: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None:
         """Append ``token_lists[k]`` to row ``rows[k]`` (distinct rows)."""
@@ -258,9 +262,7 @@ class Continuation(ABC):
                              f"{added[rows.index(r)]} exceeds the continuation's capacity of {self.capacity}")
 
     @abstractmethod
-    def _turn(
-        self, rows: list[int], limits: list[int], params: SamplingParams, generator: torch.Generator
-    ) -> list[Turn]:
+    def _turn(self, rows: list[int], limits: list[int], params: SamplingParams) -> list[Turn]:
         """Sample a turn of at most ``limits[k] >= 1`` tokens for each of ``rows`` (checked) and append it."""
 
     @abstractmethod
@@ -273,16 +275,15 @@ class HFContinuation(Continuation):
     row's whole token sequence (left-padded, position ids counted from the first real
     token), then decodes with that forward's key/value cache; sampling is :func:`sample`'s."""
 
-    def __init__(self, model: torch.nn.Module, prompts: list[list[int]], n: int, capacity: int,
+    def __init__(self, model: torch.nn.Module, prompts: list[list[int]], n: int, capacity: int, rows: torch.Tensor,
                  eos_ids: Sequence[int], pad_id: int) -> None:
-        super().__init__(prompts, n, capacity, eos_ids, pad_id, next(model.parameters()).device)
+        super().__init__(prompts, n, capacity, rows, eos_ids, pad_id, next(model.parameters()).device)
         self.model = model
         self.sequences = [list(p) for p in prompts for _ in range(n)]
 
-    def _turn(
-        self, rows: list[int], limits: list[int], params: SamplingParams, generator: torch.Generator
-    ) -> list[Turn]:
+    def _turn(self, rows: list[int], limits: list[int], params: SamplingParams) -> list[Turn]:
         device, b, steps = self.device, len(rows), max(limits)
+        index = torch.tensor(rows, dtype=torch.long, device=device)
         ids, mask = pad_prompts([self.sequences[r] for r in rows], 1, self.pad_id, device)
         limit, eos_ids, tokens, logprobs, lengths, eos, alive = turn_buffers(limits, self.eos_ids, self.pad_id, device)
         with inference(self.model):
@@ -291,7 +292,7 @@ class HFContinuation(Continuation):
             position = mask.sum(-1)
             for t in range(steps):
                 act = alive.nonzero().squeeze(-1)
-                tok, logp = sample(out.logits[act, -1], params, generator)
+                tok, logp = sample(out.logits[act, -1], params, self.draws(index[act], t, params))
                 tokens[act, t], logprobs[act, t], lengths[act] = tok, logp, t + 1
                 eos[act] = is_eos(tok, eos_ids)
                 alive[act] = ~eos[act] & (limit[act] > t + 1)
@@ -314,7 +315,10 @@ class HFContinuation(Continuation):
 
 
 class HFGenerator:
-    """Rollouts with ``model.generate`` (any ``transformers`` causal LM, CPU or GPU).
+    """Rollouts with any ``transformers`` causal LM (CPU or GPU): its forward over the
+    left-padded prompts, then one token per live row and step over its key/value cache (an
+    :class:`HFContinuation` of one turn), sampling with :func:`sample`, so that it draws the
+    same tokens as the fast backend wherever their logits agree.
 
     It samples with ``model``: the trainer's own module when colocated with the policy (it
     then sees every update at once), or a copy that :meth:`load_weights` refreshes. The
@@ -337,54 +341,31 @@ class HFGenerator:
         prompts: list[list[int]],
         n: int,
         params: SamplingParams,
-        generator: torch.Generator,
+        seeds: Sequence[int],
     ) -> RolloutBatch:
         """Sample ``n`` responses per prompt; see :class:`~reasonrl.rollout.base.Generator`.
 
-        ``generate`` samples with the global torch RNG, so the call forks it and seeds it
-        from ``generator``: the result is reproducible and the global RNG is left as it was.
         Log-probs are ``log_softmax(raw logits / temperature)`` of the chosen tokens
-        (temperature 1 for greedy), before top-k / top-p truncation.
+        (temperature 1 for greedy), before top-k / top-p truncation. The global RNG is not used.
         """
+        check_seeds(seeds, prompts)
         device = next(self.model.parameters()).device
         prompt_ids, prompt_mask = pad_prompts(prompts, n, self.pad_id, device)
-        sample = params.temperature > 0
-        options = dict(
-            do_sample=sample,
-            max_new_tokens=params.max_new_tokens,
-            # Neutralise processors a checkpoint's generation_config may switch on.
-            min_new_tokens=0,
-            repetition_penalty=1.0,
-            no_repeat_ngram_size=0,
-            eos_token_id=list(self.eos_ids),
-            pad_token_id=self.pad_id,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-        if sample:
-            # top_k=0 disables the top-k warper (None would fall back to the default, 50).
-            options.update(
-                temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, typical_p=1.0
-            )
-        seed = draw_seed(generator)
-        rng_devices = [device] if device.type != "cpu" else []
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad(), torch.random.fork_rng(
-                devices=rng_devices, device_type=device.type if rng_devices else "cuda"
-            ):
-                torch.manual_seed(seed)
-                out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **options)
-        finally:
-            self.model.train(was_training)
-        response_ids = out.sequences[:, prompt_ids.shape[1] :]
-        temperature = params.temperature if sample else 1.0
-        logits = torch.stack(out.logits, dim=1).float() / temperature
-        logprobs = torch.log_softmax(logits, -1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
-        return assemble(prompt_ids, prompt_mask, response_ids, logprobs, n, self.pad_id, self.eos_ids)
+        steps = params.max_new_tokens
+        continuation = self.start(prompts, n, steps, row_seeds(seeds, n, device))
+        turns = continuation.generate_turn(list(range(continuation.size)), params, steps)
+        response_ids = torch.full((continuation.size, steps), self.pad_id, dtype=torch.long)
+        logprobs = torch.zeros((continuation.size, steps))
+        for r, turn in enumerate(turns):
+            response_ids[r, : len(turn.tokens)] = torch.tensor(turn.tokens, dtype=torch.long)
+            logprobs[r, : len(turn.tokens)] = torch.tensor(turn.logprobs)
+        return assemble(prompt_ids, prompt_mask, response_ids.to(device), logprobs.to(device), n, self.pad_id,
+                        self.eos_ids)
 
-    def start(self, prompts: list[list[int]], n: int, capacity: int, eos_ids: Sequence[int] | None = None) -> HFContinuation:
-        """A :class:`HFContinuation` of ``n`` rows per prompt, at most ``capacity`` tokens after
-        each prompt, turns ending on any of ``eos_ids`` (default: the backend's)."""
-        return HFContinuation(self.model, prompts, n, capacity, self.eos_ids if eos_ids is None else eos_ids, self.pad_id)
+    def start(self, prompts: list[list[int]], n: int, capacity: int, rows: torch.Tensor,
+              eos_ids: Sequence[int] | None = None) -> HFContinuation:
+        """A :class:`HFContinuation` of ``n`` rows per prompt with row seeds ``rows``
+        (:func:`~reasonrl.rollout.seeds.row_seeds`), at most ``capacity`` tokens after each
+        prompt, turns ending on any of ``eos_ids`` (default: the backend's)."""
+        return HFContinuation(self.model, prompts, n, capacity, rows, self.eos_ids if eos_ids is None else eos_ids,
+                              self.pad_id)

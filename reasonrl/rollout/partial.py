@@ -2,12 +2,14 @@
 go on with the new weights (``rollout.interrupt``, AReaL's interruptible generation).
 
     rollouts = PartialRollouts(fast, pending=has_new_weights, reload=load_new_weights, version=current_version)
-    batch = rollouts.generate(prompts, n, params, generator)   # batch.versions may hold several versions per row
+    batch = rollouts.generate(prompts, n, params, seeds)   # batch.versions may hold several versions per row
 
 A phase decodes (:meth:`FastGenerator._decode`) until every row has ended or ``pending()``
 says that new weights wait; ``reload()`` then loads them, and the next phase encodes each
 unfinished row's prompt plus its tokens so far afresh (their keys and values were computed
-with the old weights) and continues it within what is left of ``max_new_tokens``. Each token
+with the old weights) and continues it within what is left of ``max_new_tokens``, its random
+draws going on from where they stopped (token ``t`` of a row is drawn with
+``uniforms(row seed, t)`` in whichever phase samples it). Each token
 keeps the version that sampled it, so staleness is counted from a row's oldest token. When no
 update arrives, the result is :meth:`FastGenerator.generate`'s, token for token.
 """
@@ -15,12 +17,13 @@ update arrives, the result is :meth:`FastGenerator.generate`'s, token for token.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
-from reasonrl.rollout.hf import draw_seed, inference, is_eos, pad_prompts
+from reasonrl.rollout.hf import inference, is_eos, pad_prompts
+from reasonrl.rollout.seeds import check_seeds, row_seeds
 from reasonrl.types import RolloutBatch, SamplingParams
 
 
@@ -58,17 +61,19 @@ class PartialRollouts:
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         self.fast.load_weights(tensors)
 
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator) -> RolloutBatch:
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int]) -> RolloutBatch:
         """``n`` samples per prompt; see :class:`~reasonrl.rollout.base.Generator`."""
-        return self.generate_stream(prompts, n, params, generator, lambda groups, rows: False).batch
+        return self.generate_stream(prompts, n, params, seeds, lambda groups, rows: False).batch
 
     def generate_stream(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator, on_groups_done: GroupsDone
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int], on_groups_done: GroupsDone
     ) -> StreamResult:
         """:meth:`FastGenerator.generate_stream` across interruptions: a group is reported once
         all its rows have ended, whichever phase each ended in."""
+        check_seeds(seeds, prompts)
         fast, device = self.fast, next(self.fast.model.parameters()).device
         rows = _Rows(prompts, n)
+        row_seed = row_seeds(seeds, n, device)
         G, max_new = len(prompts), params.max_new_tokens
         reported = [False] * G
         completed: list[int] = []
@@ -85,6 +90,8 @@ class PartialRollouts:
                 phase_n, limits, phase_params = 1, left, replace(params, max_new_tokens=int(left.max()))
             recorded = torch.zeros(len(active), dtype=torch.bool)
             phase_rows = active
+            index = torch.tensor(phase_rows, dtype=torch.long, device=device)
+            offsets = torch.tensor([len(rows.tokens[r]) for r in phase_rows], dtype=torch.long, device=device)
 
             def on_step(t: int, ended: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor) -> bool:
                 new = (ended.cpu() & ~recorded).nonzero().squeeze(-1).tolist()
@@ -102,10 +109,9 @@ class PartialRollouts:
                 completed.extend(done)
                 return bool(on_groups_done(done, self._batch(rows, [g * n + j for g in done for j in range(n)], n)))
 
-            rng = torch.Generator(device=generator.device).manual_seed(draw_seed(generator))
             with inference(fast.model):
-                decoded = fast._decode(prompt_ids, prompt_mask, phase_n, phase_params, rng, on_step=on_step, limits=limits,
-                                       stop=self.pending)
+                decoded = fast._decode(prompt_ids, prompt_mask, phase_n, phase_params, row_seed[index], on_step=on_step,
+                                       limits=limits, stop=self.pending, offsets=offsets)
             if decoded.stopped or not decoded.interrupted:
                 stopped = decoded.stopped
                 break

@@ -19,9 +19,11 @@ With dynamic sampling and a streaming generator (one whose ``streams`` is True, 
 and decoding stops as soon as ``want_groups`` mixed groups are kept, so nothing is
 generated past that point. Generation batches are sized to what is still missing
 (``ceil(missing * oversample)`` prompts, or a fixed ``gen_batch_prompts``), and prompts
-are drawn from ``next_prompts`` only when a batch starts. Everything runs in the caller's
-thread, in a fixed order (decode step, then prompt index): the same seed and inputs give
-the same batch, whatever the timing.
+are drawn from ``next_prompts`` only when a batch starts, each with its group's sampling
+seed (:func:`~reasonrl.rollout.seeds.group_seed` of the run seed and its draw index): a
+group samples the same tokens whichever generation batch, and wherever in it, it lands.
+Everything runs in the caller's thread, in a fixed order (decode step, then prompt index):
+the same seeds and inputs give the same batch, whatever the timing.
 
 Caveat: with early stop the groups that complete first are kept, so a batch that stops
 early leans toward groups whose longest sample is short (``bench/dynamic_sampling.py``
@@ -46,8 +48,9 @@ from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch
 ScoreFn = Callable[[RolloutBatch, list[Prompt]], ScoredBatch]
 """``score(rollout, prompts) -> ScoredBatch``, ``prompts`` with one entry per row."""
 
-NextPrompts = Callable[[int], list[tuple[Prompt, list[int]]]]
-"""``next_prompts(k)``: the next ``k`` prompts and their token ids (advances the sampler)."""
+NextPrompts = Callable[[int], list[tuple[Prompt, list[int], int]]]
+"""``next_prompts(k)``: the next ``k`` prompts as ``(prompt, token ids, seed)`` triples, ``seed``
+the group's sampling seed (advances the sampler)."""
 
 
 class DynamicSamplingError(LimitError, RuntimeError):
@@ -164,16 +167,14 @@ class RolloutScheduler:
         return max(missing, math.ceil(missing * self.oversample - 1e-9))
 
     # ------------------------------------------------------------------ collect
-    def collect(
-        self, next_prompts: NextPrompts, generator: torch.Generator
-    ) -> tuple[ScoredBatch, dict[str, float]]:
+    def collect(self, next_prompts: NextPrompts) -> tuple[ScoredBatch, dict[str, float]]:
         """Generate and score until ``want_groups`` groups are kept; return ``(batch, stats)``.
 
         The batch holds exactly ``want_groups`` groups of ``n`` rows, group ids ``0..want-1``
         in the order the groups were kept (generation batch, then decode step at which the
         group completed, then prompt index). Without dynamic sampling it is the single
-        generation batch of ``want_groups`` prompts, as scored. ``generator`` seeds the
-        sampling (one draw per generation batch). Raises :class:`DynamicSamplingError` when
+        generation batch of ``want_groups`` prompts, as scored. Each group samples with the
+        seed ``next_prompts`` gave it. Raises :class:`DynamicSamplingError` when
         the prompts of ``max_gen_batches`` full batches did not yield enough mixed groups.
         """
         self.samples = []
@@ -184,28 +185,29 @@ class RolloutScheduler:
         start = time.perf_counter()
         try:
             if not self.dynamic:
-                return self._collect_plain(next_prompts, generator)
-            return self._collect_dynamic(next_prompts, generator)
+                return self._collect_plain(next_prompts)
+            return self._collect_dynamic(next_prompts)
         finally:
             self.timing["gen"] = time.perf_counter() - start - self.timing["reward"]
 
-    def _draw(self, next_prompts: NextPrompts, k: int, gen_batch: int) -> list[tuple[Prompt, list[int]]]:
+    def _draw(self, next_prompts: NextPrompts, k: int, gen_batch: int) -> list[tuple[Prompt, list[int], int]]:
+        """The next ``k`` ``(prompt, ids, seed)`` triples, their samples recorded as generation batch ``gen_batch``."""
         self._base[gen_batch] = len(self.samples)
-        pairs = list(next_prompts(k))
-        if len(pairs) != k:
-            raise ValueError(f"next_prompts({k}) returned {len(pairs)} prompts, expected {k}")
-        for g, (prompt, _) in enumerate(pairs):
+        drawn = list(next_prompts(k))
+        if len(drawn) != k:
+            raise ValueError(f"next_prompts({k}) returned {len(drawn)} prompts, expected {k}")
+        for g, (prompt, _, _) in enumerate(drawn):
             for j in range(self.n):
                 self.samples.append(Sample(prompt.id, gen_batch, g, j))
-        return pairs
+        return drawn
 
     def _records(self, gen_batch: int, groups) -> list[Sample]:
         """Records of groups ``groups`` of generation batch ``gen_batch``, row order."""
         base = self._base[gen_batch]
         return [self.samples[base + g * self.n + j] for g in groups for j in range(self.n)]
 
-    def _score(self, rollout: RolloutBatch, pairs, gen_batch: int) -> ScoredBatch:
-        prompts = [pairs[g][0] for g in rollout.group_ids.tolist()]
+    def _score(self, rollout: RolloutBatch, drawn, gen_batch: int) -> ScoredBatch:
+        prompts = [drawn[g][0] for g in rollout.group_ids.tolist()]
         start = time.perf_counter()
         scored = self.score(rollout, prompts)
         self.timing["reward"] += time.perf_counter() - start
@@ -217,24 +219,26 @@ class RolloutScheduler:
             record.state, record.tokens = SampleState.SCORED, length
         return scored
 
-    def _collect_plain(self, next_prompts: NextPrompts, generator: torch.Generator):
-        pairs = self._draw(next_prompts, self.want_groups, 0)
+    def _collect_plain(self, next_prompts: NextPrompts):
+        drawn = self._draw(next_prompts, self.want_groups, 0)
         self._set_state(SampleState.GENERATING)
-        rollout = self._generate(pairs, generator)
-        scored = self._score(rollout, pairs, 0)
+        rollout = self._generate(drawn)
+        scored = self._score(rollout, drawn, 0)
         self._set_state(SampleState.KEPT)
-        self.kept_draws = list(range(len(pairs)))
+        self.kept_draws = list(range(len(drawn)))
         return scored, self.stats(1)
 
-    def _generate(self, pairs, generator: torch.Generator) -> RolloutBatch:
-        return generate_for(self.generator, [p for p, _ in pairs], [ids for _, ids in pairs], self.n, self.params, generator)
+    def _generate(self, drawn) -> RolloutBatch:
+        """The whole rollout of the drawn ``(prompt, ids, seed)`` triples."""
+        prompts, ids, seeds = (list(column) for column in zip(*drawn))
+        return generate_for(self.generator, prompts, ids, self.n, self.params, seeds)
 
     def _set_state(self, state: SampleState, gen_batch: int | None = None) -> None:
         for s in self.samples:
             if gen_batch is None or s.gen_batch == gen_batch:
                 s.state = state
 
-    def _collect_dynamic(self, next_prompts: NextPrompts, generator: torch.Generator):
+    def _collect_dynamic(self, next_prompts: NextPrompts):
         kept: list[ScoredBatch] = []
         gen_batch = drawn = 0
         budget = self.max_gen_batches * self.batch_prompts(self.want_groups)
@@ -243,22 +247,22 @@ class RolloutScheduler:
                 stats = self.stats(gen_batch)
                 raise DynamicSamplingError(self._give_up_message(stats, drawn), stats)
             size = self.batch_prompts(self.want_groups - len(kept))
-            pairs = self._draw(next_prompts, size, gen_batch)
+            triples = self._draw(next_prompts, size, gen_batch)
             drawn += size
             self._set_state(SampleState.GENERATING, gen_batch)
-            ids = [ids for _, ids in pairs]
 
-            def on_groups_done(groups: list[int], rows: RolloutBatch, pairs=pairs, gen_batch=gen_batch) -> bool:
-                self._keep_mixed(self._score(rows, pairs, gen_batch), gen_batch, kept)
+            def on_groups_done(groups: list[int], rows: RolloutBatch, triples=triples, gen_batch=gen_batch) -> bool:
+                self._keep_mixed(self._score(rows, triples, gen_batch), gen_batch, kept)
                 return len(kept) >= self.want_groups
 
             if self.streaming:
-                result = self.generator.generate_stream(ids, self.n, self.params, generator, on_groups_done)
+                ids, seeds = [t[1] for t in triples], [t[2] for t in triples]
+                result = self.generator.generate_stream(ids, self.n, self.params, seeds, on_groups_done)
                 records = self._records(gen_batch, result.aborted)
                 for record, length in zip(records, result.aborted_lengths, strict=True):
                     record.state, record.tokens = SampleState.ABORTED, length
             else:
-                on_groups_done(list(range(len(pairs))), self._generate(pairs, generator))
+                on_groups_done(list(range(len(triples))), self._generate(triples))
             gen_batch += 1
         batch = trim_padding(ScoredBatch.concat(kept, self.pad_id))
         return batch, self.stats(gen_batch)

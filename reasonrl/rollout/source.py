@@ -40,6 +40,7 @@ import torch
 from reasonrl.config import Config
 from reasonrl.data.sampler import PromptSampler
 from reasonrl.rollout.scheduler import RolloutScheduler, SampleState, merge_stats, trim_padding
+from reasonrl.rollout.seeds import group_seed
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch, WeightsUpdate
 
 
@@ -77,8 +78,10 @@ class RolloutProducer:
     """The rollout side: prompt sampler -> rollout scheduler -> rollout worker -> reward worker.
 
     ``rollout`` is what the scheduler samples with (a
-    :class:`~reasonrl.rollout.fleet.RolloutFleet`); ``reward`` scores the groups; ``prompts`` and their token ids the training
-    split. The sampler and the sampling RNG are seeded with ``run.seed``.
+    :class:`~reasonrl.rollout.fleet.RolloutFleet`); ``reward`` scores the groups; ``prompts``
+    and their token ids the training split. The sampler is seeded with ``run.seed``, and the
+    group of the ``d``-th prompt drawn in the run samples with ``group_seed(run.seed, d)``
+    (:func:`~reasonrl.rollout.seeds.group_seed`), whichever batch or worker generates it.
     """
 
     def __init__(self, cfg: Config, rollout, reward, prompts: list[Prompt], prompt_ids: list[list[int]], pad_id: int) -> None:
@@ -86,7 +89,7 @@ class RolloutProducer:
         self.prompts, self.prompt_ids = prompts, prompt_ids
         t, r, a = cfg.train, cfg.rollout, cfg.algo
         self.sampler = PromptSampler(len(prompts), cfg.run.seed)
-        self.rng = torch.Generator().manual_seed(cfg.run.seed)
+        self.seed = cfg.run.seed
         self.draws = 0
         self.scheduler = RolloutScheduler(
             rollout, reward.score, r.n, SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens), t.prompts_per_step,
@@ -96,17 +99,19 @@ class RolloutProducer:
         self._drawn: list[tuple[int, int]] = []
         self._idle_since = time.time()
 
-    def _next_prompts(self, k: int) -> list[tuple[Prompt, list[int]]]:
+    def _next_prompts(self, k: int) -> list[tuple[Prompt, list[int], int]]:
+        """The next ``k`` draws as ``(prompt, token ids, group seed)`` (the scheduler's ``next_prompts``)."""
         rows = self.sampler.next(k)
-        self._drawn += [(self.draws + i, row) for i, row in enumerate(rows)]
+        draws = range(self.draws, self.draws + k)
+        self._drawn += list(zip(draws, rows))
         self.draws += k
-        return [(self.prompts[i], self.prompt_ids[i]) for i in rows]
+        return [(self.prompts[i], self.prompt_ids[i], group_seed(self.seed, d)) for d, i in zip(draws, rows)]
 
     def collect(self) -> Collected:
         """Generate and score one train batch's worth of groups (see :class:`RolloutScheduler`)."""
         started = time.time()
         self._drawn = []
-        batch, stats = self.scheduler.collect(self._next_prompts, self.rng)
+        batch, stats = self.scheduler.collect(self._next_prompts)
         n = self.scheduler.n
         fates = [_fate(s.state, s.reason) for s in self.scheduler.samples[::n]]
         draws = [[draw, row, fate] for (draw, row), fate in zip(self._drawn, fates, strict=True)]
@@ -139,14 +144,13 @@ class RolloutProducer:
         self.rollout.load_staged(version)
 
     def state_dict(self) -> dict:
-        """``sampler``, ``rng`` (the sampling generator), ``draws`` (prompts drawn so far) and the
-        workers' states (``rollout``, ``reward``)."""
-        return {"sampler": self.sampler.state_dict(), "rng": self.rng.get_state(), "draws": self.draws,
+        """``sampler``, ``draws`` (prompts drawn so far: the next draw's index, hence its seed) and
+        the workers' states (``rollout``, ``reward``)."""
+        return {"sampler": self.sampler.state_dict(), "draws": self.draws,
                 "rollout": self.rollout.state_dict(), "reward": self.reward.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state["sampler"])
-        self.rng.set_state(state["rng"])
         self.draws = int(state["draws"])
         self.rollout.load_state_dict(state["rollout"])
         self.reward.load_state_dict(state["reward"])

@@ -26,7 +26,8 @@ from typing import Sequence
 
 import torch
 
-from reasonrl.rollout.hf import assemble, draw_seed, eos_tuple, pad_prompts
+from reasonrl.rollout.hf import assemble, eos_tuple, pad_prompts
+from reasonrl.rollout.seeds import check_seeds, row_seeds
 from reasonrl.types import RolloutBatch, SamplingParams
 
 INSTALL_HINT = (
@@ -101,33 +102,39 @@ class VLLMGenerator:
         prompts: list[list[int]],
         n: int,
         params: SamplingParams,
-        generator: torch.Generator,
+        seeds: Sequence[int],
     ) -> RolloutBatch:
         """Sample ``n`` responses per prompt with the weights last loaded; see
-        :class:`~reasonrl.rollout.base.Generator`. The engine's sampling is seeded with a
-        number drawn from ``generator``: the same call gives the same tokens."""
+        :class:`~reasonrl.rollout.base.Generator`. One request per row, seeded with the row's
+        seed (:func:`~reasonrl.rollout.seeds.row_seeds` of ``seeds``, one per prompt group):
+        a group gets the same tokens whatever else is in the call (vLLM's own random stream,
+        not the built-in backends' uniforms)."""
+        check_seeds(seeds, prompts)
         device = self.device
         prompt_ids, prompt_mask = pad_prompts(prompts, n, self.pad_id, device)  # validates the prompts
-        greedy = params.temperature <= 0  # vLLM samples greedily only with n=1: ask n times
-        sampling = self._sampling_params(
-            n=1 if greedy else n,
-            temperature=0.0 if greedy else params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            max_tokens=params.max_new_tokens,
-            seed=draw_seed(generator),
-            logprobs=0,  # the sampled token's own log-prob
-            stop_token_ids=list(self.eos_ids),
-            detokenize=False,
-        )
-        requests = [{"prompt_token_ids": p} for p in prompts for _ in range(n if greedy else 1)]
+        greedy = params.temperature <= 0
+        sampling = [
+            self._sampling_params(
+                n=1,
+                temperature=0.0 if greedy else params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                max_tokens=params.max_new_tokens,
+                seed=seed,
+                logprobs=0,  # the sampled token's own log-prob
+                stop_token_ids=list(self.eos_ids),
+                detokenize=False,
+            )
+            for seed in row_seeds(seeds, n).tolist()
+        ]
+        requests = [{"prompt_token_ids": p} for p in prompts for _ in range(n)]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         B, S = len(prompts) * n, params.max_new_tokens
         response_ids = torch.full((B, S), self.pad_id, dtype=torch.long)
         logprobs = torch.zeros((B, S))
-        for i, request in enumerate(outputs):  # in the order of the requests
+        for row, request in enumerate(outputs):  # in the order of the requests: one row each
             for sample in request.outputs:
-                row, tokens = i * len(request.outputs) + sample.index, list(sample.token_ids)
+                tokens = list(sample.token_ids)
                 response_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
                 logprobs[row, : len(tokens)] = torch.tensor([lp[t].logprob for lp, t in zip(sample.logprobs, tokens)])
         return assemble(prompt_ids, prompt_mask, response_ids.to(device), logprobs.to(device), n, self.pad_id, self.eos_ids)

@@ -149,27 +149,28 @@ class RolloutWorker:
             batch.versions = batch.response_mask.long() * self.version
         return batch
 
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator,
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int],
                  states: list[Prompt] | None = None) -> RolloutBatch:
-        """``n`` samples per prompt (see :class:`~reasonrl.rollout.base.Generator`), versions
-        tagged; episodes (:class:`~reasonrl.rollout.agent_loop.AgentLoop`) from the initial
-        states ``states`` when :attr:`episodic`."""
+        """``n`` samples per prompt, sampled with ``seeds`` (one per prompt group; see
+        :class:`~reasonrl.rollout.base.Generator`), versions tagged; episodes
+        (:class:`~reasonrl.rollout.agent_loop.AgentLoop`) from the initial states ``states``
+        when :attr:`episodic`."""
         self._load_offered()
         with compute_context(self.precision, self.device):
             if self.agent is None:
-                return self._stamp(self.backend.generate(prompts, n, params, generator))
+                return self._stamp(self.backend.generate(prompts, n, params, seeds))
             if states is None:
                 raise ValueError("RolloutWorker.generate: multi-turn episodes (env.name) need the prompts' states")
-            return self._stamp(self.agent.generate(prompts, n, params, generator, [int(s.extra["seed"]) for s in states]))
+            return self._stamp(self.agent.generate(prompts, n, params, seeds, [int(s.extra["seed"]) for s in states]))
 
     def generate_stream(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator, on_groups_done: GroupsDone
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int], on_groups_done: GroupsDone
     ) -> StreamResult:
         """:meth:`generate` reporting each group as it completes
         (:meth:`~reasonrl.rollout.fast.FastGenerator.generate_stream`), versions tagged."""
         self._load_offered()
         with compute_context(self.precision, self.device):
-            result = self.backend.generate_stream(prompts, n, params, generator, lambda groups, rows: on_groups_done(groups, self._stamp(rows)))
+            result = self.backend.generate_stream(prompts, n, params, seeds, lambda groups, rows: on_groups_done(groups, self._stamp(rows)))
         self._stamp(result.batch)
         return result
 

@@ -15,6 +15,7 @@ from reasonrl.train.logprobs import compute_logprobs, response_hidden
 from reasonrl.types import SamplingParams
 from tests.conftest import tiny_run
 from tests.unit.test_decoder import FAMILIES, build, grouped_rollout, hf_response_logits
+from tests.unit.test_rollout_hf import seeds
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,9 +48,9 @@ def test_fast_rollouts_match_hf_on_cuda(family):
     model = build(family).cuda().eval()
     prompts = [[3, 9, 14], [7, 2, 30, 4, 5], [22, 8], [11, 12, 13, 17, 19, 23]]
     params = SamplingParams(temperature=0.0, max_new_tokens=10)
-    hf = HFGenerator(model, 0, 1).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+    hf = HFGenerator(model, 0, 1).generate(prompts, 2, params, seeds(prompts))
     for static_shapes in (None, False):  # a CUDA graph per step (the default on CUDA); eager, compacting
-        fast = FastGenerator(model, 0, 1, static_shapes).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+        fast = FastGenerator(model, 0, 1, static_shapes).generate(prompts, 2, params, seeds(prompts))
         assert fast.response_ids.is_cuda
         assert torch.equal(fast.response_ids, hf.response_ids), static_shapes
         torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-4, rtol=0)
@@ -57,7 +58,7 @@ def test_fast_rollouts_match_hf_on_cuda(family):
     # sampling log-probs are the model's (a stale or mis-fed graph would break this).
     sampling = SamplingParams(temperature=0.8, max_new_tokens=10)
     sampled = [
-        FastGenerator(model, 0, 1).generate(prompts, 4, sampling, torch.Generator().manual_seed(3)) for _ in range(2)
+        FastGenerator(model, 0, 1).generate(prompts, 4, sampling, seeds(prompts, 3)) for _ in range(2)
     ]
     assert torch.equal(sampled[0].response_ids, sampled[1].response_ids)
     rollout = sampled[0]
@@ -95,7 +96,7 @@ def test_bf16_mixed_on_cuda(model_dir, tmp_path, static):
         assert float((ours - theirs)[m].abs().max()) <= 0.02 * float(theirs.abs().max())
         params = SamplingParams(temperature=0.0, max_new_tokens=6)
         out = FastGenerator(model, 0, 1, None if static else False).generate([[3, 9, 14], [7, 2, 30, 4, 5]], 1, params,
-                                                                             torch.Generator().manual_seed(0))
+                                                                             seeds([0, 1]))
     assert out.logprobs.dtype == torch.float32 and bool(out.response_mask.any())
     trainer = Controller(load("recipes/grpo.yaml", [*tiny_run(model_dir, tmp_path, steps=1), "run.device=cuda",
                                                     "train.precision=bf16-mixed"]))

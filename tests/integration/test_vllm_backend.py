@@ -20,6 +20,7 @@ from reasonrl.rollout.fast import FastGenerator
 from reasonrl.train.logprobs import compute_logprobs
 from reasonrl.types import SamplingParams
 from tests.conftest import tiny_run
+from tests.unit.test_rollout_hf import seeds
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the optional vllm package")
 
@@ -73,8 +74,8 @@ def fast_twin(trainer) -> FastGenerator:
 
 def test_greedy_rollouts_equal_the_fast_backend(trainer):
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    ours = vllm_worker(trainer).generate(PROMPTS, 2, params, torch.Generator().manual_seed(0))
-    fast = fast_twin(trainer).generate(PROMPTS, 2, params, torch.Generator().manual_seed(0))
+    ours = vllm_worker(trainer).generate(PROMPTS, 2, params, seeds(PROMPTS))
+    fast = fast_twin(trainer).generate(PROMPTS, 2, params, seeds(PROMPTS))
     assert torch.equal(ours.prompt_ids, fast.prompt_ids) and torch.equal(ours.group_ids, fast.group_ids)
     assert torch.equal(ours.response_ids, fast.response_ids)
     assert torch.equal(ours.eos, fast.eos) and ours.eos.any() and (~ours.eos).any()  # some stop on EOS, some truncated
@@ -83,9 +84,9 @@ def test_greedy_rollouts_equal_the_fast_backend(trainer):
 
 def test_sampling_is_seeded_and_its_logprobs_are_the_models(trainer):
     params = SamplingParams(temperature=0.7, max_new_tokens=12)
-    a, b = (vllm_worker(trainer).generate(PROMPTS, 4, params, torch.Generator().manual_seed(3)) for _ in range(2))
+    a, b = (vllm_worker(trainer).generate(PROMPTS, 4, params, seeds(PROMPTS, 3)) for _ in range(2))
     assert torch.equal(a.response_ids, b.response_ids)
-    c = vllm_worker(trainer).generate(PROMPTS, 4, params, torch.Generator().manual_seed(4))
+    c = vllm_worker(trainer).generate(PROMPTS, 4, params, seeds(PROMPTS, 4))
     assert not torch.equal(a.response_ids, c.response_ids)
     assert len({tuple(row.tolist()) for row in a.response_ids[:4]}) > 1  # the n samples of a prompt differ
     # Each sampled token's log-prob is log_softmax(logits / T) of the trainer's model.
@@ -97,19 +98,19 @@ def test_sampling_is_seeded_and_its_logprobs_are_the_models(trainer):
 def test_weights_follow_each_published_version_with_one_copy(trainer):
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
     engine = vllm_worker(trainer).backend
-    before = vllm_worker(trainer).generate(PROMPTS, 1, params, torch.Generator())
+    before = vllm_worker(trainer).generate(PROMPTS, 1, params, seeds(PROMPTS))
     syncs = engine.syncs
-    vllm_worker(trainer).generate(PROMPTS, 1, params, torch.Generator())
+    vllm_worker(trainer).generate(PROMPTS, 1, params, seeds(PROMPTS))
     assert engine.syncs == syncs  # generating copies nothing
     with torch.no_grad():
         for name, p in policy_module(trainer).named_parameters():
             if "mlp" in name:
                 p.mul_(3.0)
     trainer.publish()
-    after = vllm_worker(trainer).generate(PROMPTS, 1, params, torch.Generator())
+    after = vllm_worker(trainer).generate(PROMPTS, 1, params, seeds(PROMPTS))
     assert engine.syncs == syncs + 1 and vllm_worker(trainer).version == trainer.version
     assert not torch.equal(after.response_ids, before.response_ids)
-    expected = fast_twin(trainer).generate(PROMPTS, 1, params, torch.Generator())
+    expected = fast_twin(trainer).generate(PROMPTS, 1, params, seeds(PROMPTS))
     assert torch.equal(after.response_ids, expected.response_ids)
     torch.testing.assert_close(after.logprobs, expected.logprobs, atol=1e-4, rtol=0)
 
@@ -121,7 +122,7 @@ def test_training_steps_sync_after_every_update(trainer):
         metrics = trainer.step()
         assert metrics["actor/nonfinite_skips"] == 0 and "timing_s/old_log_prob" in metrics  # recomputed, not reused
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    ours = vllm_worker(trainer).generate(PROMPTS, 1, params, torch.Generator())
+    ours = vllm_worker(trainer).generate(PROMPTS, 1, params, seeds(PROMPTS))
     assert engine.syncs == syncs + 2  # each update is copied once, when it is published
-    expected = fast_twin(trainer).generate(PROMPTS, 1, params, torch.Generator())
+    expected = fast_twin(trainer).generate(PROMPTS, 1, params, seeds(PROMPTS))
     assert torch.equal(ours.response_ids, expected.response_ids)

@@ -21,7 +21,8 @@ from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.train.logprobs import compute_logprobs
 from reasonrl.types import SamplingParams
-from tests.unit.test_rollout_hf import EOS, PAD, TRIGGER, tiny_qwen2
+from reasonrl.rollout.seeds import row_seeds
+from tests.unit.test_rollout_hf import EOS, PAD, TRIGGER, seeds, tiny_qwen2
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
@@ -96,13 +97,13 @@ class Recorder:
         self.turns: dict[int, list] = {}
         self.extended: dict[int, list[list[int]]] = {}
 
-    def start(self, prompts, n, capacity, eos_ids):
-        continuation = self.backend.start(prompts, n, capacity, eos_ids)
+    def start(self, prompts, n, capacity, rows, eos_ids):
+        continuation = self.backend.start(prompts, n, capacity, rows, eos_ids)
         recorder = self
 
         class Recording:
-            def generate_turn(self, rows, params, generator, limits):
-                turns = continuation.generate_turn(rows, params, generator, limits)
+            def generate_turn(self, rows, params, limits):
+                turns = continuation.generate_turn(rows, params, limits)
                 for r, turn in zip(rows, turns):
                     recorder.turns.setdefault(r, []).append(turn)
                 return turns
@@ -121,7 +122,7 @@ def env(**overrides) -> EnvConfig:
 
 def run(backend, pool, cfg: EnvConfig, params: SamplingParams, n: int = 2, seed: int = 0):
     loop = AgentLoop(backend, pool, TOK, cfg, EOS, PAD)
-    return loop.generate(PROMPTS, n, params, torch.Generator().manual_seed(seed), SEEDS)
+    return loop.generate(PROMPTS, n, params, seeds(PROMPTS, seed), SEEDS)
 
 
 SAMPLE = SamplingParams(temperature=1.0, max_new_tokens=6)
@@ -193,13 +194,12 @@ def test_continuations_continue_ragged_rows_alike_without_encoding_the_prefix_ag
     runs = []
     for backend in (FastGenerator(model, PAD, EOS), HFGenerator(model, PAD, EOS)):
         widths.clear()
-        continuation = backend.start(prompts, 2, 40)
-        rng = torch.Generator().manual_seed(7)
-        turns = [continuation.generate_turn(range(6), SAMPLE, rng, [5, 3, 7, 1, 6, 2])]
+        continuation = backend.start(prompts, 2, 40, row_seeds(seeds(prompts, 7), 2))
+        turns = [continuation.generate_turn(range(6), SAMPLE, [5, 3, 7, 1, 6, 2])]
         continuation.extend([0, 2, 3, 5], [[7, 8, 9], [10], [], [11, 12, 13, 14]])
-        turns.append(continuation.generate_turn([0, 1, 2, 5], SAMPLE, rng, 6))
+        turns.append(continuation.generate_turn([0, 1, 2, 5], SAMPLE, 6))
         continuation.extend([1, 5], [[20, 21], [22]])
-        turns.append(continuation.generate_turn([1, 5], SAMPLE, rng, [8, 3]))
+        turns.append(continuation.generate_turn([1, 5], SAMPLE, [8, 3]))
         runs.append((turns, list(widths)))
     (fast, fast_widths), (hf, _) = runs
     assert [[t.tokens for t in turn] for turn in fast] == [[t.tokens for t in turn] for turn in hf]
@@ -250,16 +250,18 @@ def test_env_failure_ends_only_its_episode():
     assert stats["env/failed"] == 2.0 and stats["env/turns_mean"] == 3.0 and stats["env/success_rate"] == 1.0
 
 
-def test_groups_share_their_seed_and_waves_give_the_same_episodes():
+@pytest.mark.parametrize("params", [GREEDY, SAMPLE])
+def test_groups_share_their_seed_and_waves_give_the_same_episodes(params):
+    # Sampled too: each row draws from its own seed and token counter, whatever wave it runs in.
     model = tiny_qwen2(trigger_bias=30.0)
     pool = ScriptedPool(4)
-    whole = run(FastGenerator(model, PAD, EOS), pool, env(), GREEDY)
+    whole = run(FastGenerator(model, PAD, EOS), pool, env(), params)
     assert pool.resets == [[11, 11, 42, 42]] and whole.group_ids.tolist() == [0, 0, 1, 1]
     waves = ScriptedPool(3)  # one group per wave (whole groups)
-    batch = run(FastGenerator(model, PAD, EOS), waves, env(), GREEDY)
+    batch = run(FastGenerator(model, PAD, EOS), waves, env(), params)
     assert waves.resets == [[11, 11], [42, 42]]
     single = ScriptedPool(1)  # fewer slots than samples per prompt: one row per wave
-    one = run(FastGenerator(model, PAD, EOS), single, env(), GREEDY)
+    one = run(FastGenerator(model, PAD, EOS), single, env(), params)
     assert single.resets == [[11], [11], [42], [42]]
     for other in (batch, one):
         assert torch.equal(other.response_ids, whole.response_ids) and other.episodes == whole.episodes

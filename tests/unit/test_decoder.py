@@ -17,6 +17,7 @@ from reasonrl.rollout.hf import HFGenerator
 from reasonrl.train.logprobs import compute_logprobs, micro_batches, response_hidden, shared_prefix_inputs
 from reasonrl.types import SamplingParams
 from tests.conftest import synthetic_rollout
+from tests.unit.test_rollout_hf import seeds
 
 COMMON = dict(vocab_size=32, hidden_size=32, num_hidden_layers=2, intermediate_size=48, max_position_embeddings=64,
               initializer_range=0.2, pad_token_id=0, eos_token_id=1)
@@ -101,8 +102,8 @@ def test_greedy_decoding_matches_transformers_generate(family):
     model = build(family).eval()
     prompts = [[3, 9, 14], [7, 2, 30, 4, 5], [22, 8], [11, 12, 13, 17, 19, 23]]
     params = SamplingParams(temperature=0.0, max_new_tokens=10)
-    hf = HFGenerator(model, 0, 1).generate(prompts, 2, params, torch.Generator().manual_seed(0))
-    fast = FastGenerator(model, 0, 1).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+    hf = HFGenerator(model, 0, 1).generate(prompts, 2, params, seeds(prompts))
+    fast = FastGenerator(model, 0, 1).generate(prompts, 2, params, seeds(prompts))
     assert torch.equal(fast.response_ids, hf.response_ids)
     torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-5, rtol=0)
 
@@ -180,8 +181,8 @@ def test_bfloat16_models_stay_close_to_transformers():
     assert (ours - theirs)[mask[:, :T]].abs().max() < 0.1 * theirs.abs().max()
     prompts = [[3, 9, 14], [7, 2, 30, 4, 5]]
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    fast = FastGenerator(model, 0, 1).generate(prompts, 1, params, torch.Generator().manual_seed(0))
-    hf = HFGenerator(model, 0, 1).generate(prompts, 1, params, torch.Generator().manual_seed(0))
+    fast = FastGenerator(model, 0, 1).generate(prompts, 1, params, seeds(prompts))
+    hf = HFGenerator(model, 0, 1).generate(prompts, 1, params, seeds(prompts))
     assert fast.logprobs.dtype == torch.float32
     # bf16 rounding may flip a near tie late in a sequence: the first tokens agree.
     assert torch.equal(fast.response_ids[:, :2], hf.response_ids[:, :2])

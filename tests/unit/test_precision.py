@@ -17,6 +17,7 @@ from reasonrl.train.logprobs import policy_logprobs, response_hidden
 from reasonrl.train.update import sampler_gap
 from reasonrl.types import SamplingParams
 from tests.unit.test_decoder import FAMILIES, build, grouped_rollout, hf_response_logits
+from tests.unit.test_rollout_hf import seeds
 
 
 def lean_logits(model, rollout):
@@ -48,9 +49,9 @@ def test_bf16_mixed_generation_keeps_the_residual_stream_in_fp32():
     prompts = [[3, 9, 14], [7, 2, 30, 4, 5]]
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
     with torch.no_grad():
-        fp32 = FastGenerator(model, 0, 1).generate(prompts, 1, params, torch.Generator().manual_seed(0))
+        fp32 = FastGenerator(model, 0, 1).generate(prompts, 1, params, seeds(prompts))
         with compute_context("bf16-mixed", "cpu"):
-            mixed = FastGenerator(model, 0, 1).generate(prompts, 1, params, torch.Generator().manual_seed(0))
+            mixed = FastGenerator(model, 0, 1).generate(prompts, 1, params, seeds(prompts))
     assert mixed.logprobs.dtype == torch.float32
     assert torch.equal(mixed.response_ids[:, :2], fp32.response_ids[:, :2])
     gap = (mixed.logprobs - fp32.logprobs)[:, :2].abs().max()

@@ -33,6 +33,7 @@ from reasonrl.rollout.hf import HFGenerator
 from reasonrl.rollout.partial import PartialRollouts
 from reasonrl.types import Prompt, SamplingParams
 from reasonrl.workers.rollout import RolloutWorker
+from tests.unit.test_rollout_hf import seeds
 
 SPECIALS = ["<pad>", "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|user|>", "<|assistant|>", "<unk>"]
 WORDS = ["what", "is", "one", "two", "plus", "a", "b", "c", "d", "x"]
@@ -125,7 +126,7 @@ def test_the_trained_ids_begin_with_one_bos_and_generation_stops_on_every_listed
     tok = load_tokenizer(instruct_dir)
     worker = RolloutWorker(cfg, instruct_dir)
     ids = tokenize_prompts([CHAT, PLAIN], tok, cfg, model_context(instruct_dir), "rows.jsonl").ids
-    batch = worker.generate(ids, 2, SamplingParams(temperature=0.0, max_new_tokens=6), torch.Generator().manual_seed(0))
+    batch = worker.generate(ids, 2, SamplingParams(temperature=0.0, max_new_tokens=6), seeds(ids))
     assert first_real_tokens(batch) == [CHAT_IDS, CHAT_IDS, PLAIN_IDS, PLAIN_IDS]
     assert batch.response_ids.tolist() == [[W["a"], W["b"], END_OF_TEXT]] * 2 + [[W["c"], EOT, PAD]] * 2
     assert batch.response_mask.tolist() == [[1, 1, 1]] * 2 + [[1, 1, 0]] * 2  # the EOS itself is trained on
@@ -135,16 +136,16 @@ def test_the_trained_ids_begin_with_one_bos_and_generation_stops_on_every_listed
 def test_the_fixed_shape_loop_and_an_interrupted_rollout_stop_on_the_second_eos_too(instruct_dir):
     model, greedy = load_model(instruct_dir), SamplingParams(temperature=0.0, max_new_tokens=6)
     prompts = [CHAT_IDS, PLAIN_IDS]
-    static = FastGenerator(model, PAD, (EOT, END_OF_TEXT), static_shapes=True).generate(prompts, 1, greedy, torch.Generator())
+    static = FastGenerator(model, PAD, (EOT, END_OF_TEXT), static_shapes=True).generate(prompts, 1, greedy, seeds(prompts))
     reloads = []  # new weights wait after the first decode step, once (the same weights: only the phases change)
     partial = PartialRollouts(FastGenerator(model, PAD, (EOT, END_OF_TEXT)), lambda: not reloads,
                               lambda: reloads.append(1), lambda: len(reloads))
-    interrupted = partial.generate(prompts, 1, greedy, torch.Generator())
+    interrupted = partial.generate(prompts, 1, greedy, seeds(prompts))
     for batch in (static, interrupted):
         assert batch.response_ids.tolist() == [[W["a"], W["b"], END_OF_TEXT], [W["c"], EOT, PAD]]
         assert batch.eos.tolist() == [True, True]
     assert interrupted.versions.tolist() == [[0, 1, 1], [0, 1, 0]]  # the second phase began after the first token
-    only_tokenizer_eos = FastGenerator(model, PAD, EOT).generate(prompts[:1], 1, greedy, torch.Generator())
+    only_tokenizer_eos = FastGenerator(model, PAD, EOT).generate(prompts[:1], 1, greedy, seeds(prompts[:1]))
     assert only_tokenizer_eos.response_ids.tolist() == [[W["a"], W["b"], END_OF_TEXT, W["c"], EOT]]
 
 

@@ -23,6 +23,7 @@ from tests.unit.test_rollout_hf import (
     check_contract,
     recompute_logits,
     recomputed_logprobs,
+    seeds,
     tiny_qwen2,
 )
 
@@ -40,9 +41,9 @@ def test_greedy_equals_hf(attention):
     # Prompt 1 ends with the trigger: its 3 rows end at once, so the batch is compacted.
     model = tiny_qwen2(trigger_bias=30.0, attention=attention)
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    hf = HFGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, torch.Generator().manual_seed(0))
+    hf = HFGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, seeds(PROMPTS))
     rows = rows_per_call(model)
-    fast = FastGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, torch.Generator().manual_seed(0))
+    fast = FastGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, seeds(PROMPTS))
     # One prefill of the 4 distinct prompts; prompt 1's 3 rows end at the first token and
     # are dropped before the first decode step.
     assert rows[:2] == [4, 9]
@@ -59,9 +60,9 @@ def test_fixed_shape_loop_equals_hf_and_keeps_every_row():
     # slots hold zeros and must be masked, the prompts' padding too (PROMPTS differ in length).
     model = tiny_qwen2(trigger_bias=30.0)
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    hf = HFGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, torch.Generator().manual_seed(0))
+    hf = HFGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, seeds(PROMPTS))
     rows = rows_per_call(model)
-    fast = FastGenerator(model, PAD, EOS, static_shapes=True).generate(PROMPTS, 3, params, torch.Generator().manual_seed(0))
+    fast = FastGenerator(model, PAD, EOS, static_shapes=True).generate(PROMPTS, 3, params, seeds(PROMPTS))
     # prefill, then every row at every step, nothing compacted; a step samples a token and
     # then runs the model on it, also at the last step (wasted there, one graph for all steps)
     assert rows == [4] + [12] * 12
@@ -71,7 +72,7 @@ def test_fixed_shape_loop_equals_hf_and_keeps_every_row():
     torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-5, rtol=0)
     sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=10, max_new_tokens=10)
     model = tiny_qwen2(eos_bias=1.5)
-    batch = FastGenerator(model, PAD, EOS, static_shapes=True).generate(PROMPTS, 4, sampling, torch.Generator().manual_seed(3))
+    batch = FastGenerator(model, PAD, EOS, static_shapes=True).generate(PROMPTS, 4, sampling, seeds(PROMPTS, 3))
     check_contract(batch, PROMPTS, 4, 10)
     assert batch.eos.any() and batch.truncated.any()
     torch.testing.assert_close(batch.logprobs, recomputed_logprobs(model, batch, sampling.temperature), atol=1e-5, rtol=0)
@@ -84,7 +85,7 @@ def test_stops_when_every_row_ended():
     prompts = [PROMPTS[1]] + [PROMPTS[0]] * 4
     rows = rows_per_call(model)
     params = SamplingParams(temperature=0.0, max_new_tokens=30)
-    batch = FastGenerator(model, PAD, EOS).generate(prompts, 1, params, torch.Generator().manual_seed(0))
+    batch = FastGenerator(model, PAD, EOS).generate(prompts, 1, params, seeds(prompts))
     assert batch.lengths.tolist() == [1, 28, 28, 28, 28]
     assert rows == [5] * 28
 
@@ -98,7 +99,7 @@ def test_stops_when_every_row_ended():
 )
 def test_sampling_contract_and_logprobs_match_full_forward(params):
     model = tiny_qwen2(eos_bias=1.5)
-    batch = FastGenerator(model, PAD, EOS).generate(PROMPTS, 4, params, torch.Generator().manual_seed(3))
+    batch = FastGenerator(model, PAD, EOS).generate(PROMPTS, 4, params, seeds(PROMPTS, 3))
     check_contract(batch, PROMPTS, 4, 10)
     assert batch.eos.any() and batch.truncated.any()
     expected = recomputed_logprobs(model, batch, params.temperature)
@@ -123,7 +124,7 @@ def empirical_first_tokens(
     generator, prompt: list[int], n: int, params: SamplingParams, seed: int
 ) -> torch.Tensor:
     """[V] frequencies of the first response token over ``n`` samples."""
-    batch = generator.generate([prompt], n, params, torch.Generator().manual_seed(seed))
+    batch = generator.generate([prompt], n, params, seeds([prompt], seed))
     return torch.bincount(batch.response_ids[:, 0], minlength=48).float() / n
 
 
@@ -175,7 +176,7 @@ def test_first_token_distribution_matches_hf_and_exact(params):
 )
 def test_truncation_respected(params):
     model = tiny_qwen2()
-    batch = FastGenerator(model, PAD, EOS).generate(PROMPTS, 16, params, torch.Generator().manual_seed(4))
+    batch = FastGenerator(model, PAD, EOS).generate(PROMPTS, 16, params, seeds(PROMPTS, 4))
     logits = recompute_logits(model, batch) / params.temperature
     valid = batch.response_mask.bool()
     if params.top_k:
@@ -188,18 +189,73 @@ def test_truncation_respected(params):
         assert (mass_above[valid] < params.top_p + 1e-5).all()
 
 
+SAMPLED = [
+    SamplingParams(temperature=1.0, max_new_tokens=12),
+    SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=12),
+]
+
+
+def group_samples(batch, group: int, n: int) -> tuple[list[list[int]], torch.Tensor]:
+    """Group ``group``'s responses (each up to its length) and log-probs ``[n, T]`` of ``batch``."""
+    rows = range(group * n, (group + 1) * n)
+    return [batch.response_ids[r, : int(batch.lengths[r])].tolist() for r in rows], batch.logprobs[group * n : (group + 1) * n]
+
+
+@pytest.mark.parametrize("params", SAMPLED)
+@pytest.mark.parametrize("static", [False, True])
+def test_a_groups_samples_do_not_depend_on_the_rest_of_the_call(params, static):
+    # The groups of one call split into two calls, in another order: each group samples the same
+    # tokens, its seed (not its place) picking its draws, and the lean decoder works row by row
+    # (the batches differ in size and compact at other steps; fp32 on the CPU gives the same
+    # tokens). The fixed-shape loop draws the same uniforms, so it samples the same tokens too.
+    n = 3
+    model = tiny_qwen2(eos_bias=1.5, trigger_bias=30.0)
+    group_seeds = seeds(PROMPTS, 5)
+    whole = FastGenerator(model, PAD, EOS).generate(PROMPTS, n, params, group_seeds)
+    assert whole.eos.any() and whole.truncated.any()
+    gen = FastGenerator(model, PAD, EOS, static_shapes=static)
+    for part in ([3, 1], [2, 0]):
+        batch = gen.generate([PROMPTS[i] for i in part], n, params, [group_seeds[i] for i in part])
+        for k, i in enumerate(part):
+            (ids, logprobs), (want_ids, want_logprobs) = group_samples(batch, k, n), group_samples(whole, i, n)
+            assert ids == want_ids, (part, i)
+            width = min(logprobs.shape[1], want_logprobs.shape[1])
+            torch.testing.assert_close(logprobs[:, :width], want_logprobs[:, :width], atol=1e-5, rtol=0)
+    # another seed, other samples
+    other = FastGenerator(model, PAD, EOS).generate(PROMPTS, n, params, seeds(PROMPTS, 6))
+    assert [group_samples(other, g, n)[0] for g in range(4)] != [group_samples(whole, g, n)[0] for g in range(4)]
+
+
+@pytest.mark.parametrize("params", SAMPLED)
+def test_sampling_equals_hf(params):
+    # The same uniforms in both backends: where their logits agree (fp32 noise), the same tokens.
+    model = tiny_qwen2(eos_bias=1.5, trigger_bias=30.0)
+    hf = HFGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, seeds(PROMPTS, 2))
+    fast = FastGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, seeds(PROMPTS, 2))
+    assert fast.eos.any() and fast.truncated.any()
+    for name in ("response_ids", "response_mask", "eos", "truncated", "group_ids"):
+        assert torch.equal(getattr(fast, name), getattr(hf, name)), name
+    torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-5, rtol=0)
+
+
+def test_seeds_are_checked():
+    gen = FastGenerator(tiny_qwen2(), PAD, EOS)
+    with pytest.raises(ValueError, match=r"^seeds: expected one seed per prompt group \(4\), got 3"):
+        gen.generate(PROMPTS, 2, SamplingParams(max_new_tokens=2), [1, 2, 3])
+
+
 @pytest.mark.parametrize("backend", [HFGenerator, FastGenerator])
 def test_seeded_and_leaves_global_rng_alone(backend):
     model = tiny_qwen2(eos_bias=1.0)
     gen = backend(model, PAD, EOS)
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
     torch.manual_seed(123)
-    a = gen.generate(PROMPTS, 2, params, torch.Generator().manual_seed(7))
+    a = gen.generate(PROMPTS, 2, params, seeds(PROMPTS, 7))
     after_call = torch.rand(3)
     torch.manual_seed(123)
     assert torch.equal(after_call, torch.rand(3))
-    b = gen.generate(PROMPTS, 2, params, torch.Generator().manual_seed(7))
-    c = gen.generate(PROMPTS, 2, params, torch.Generator().manual_seed(8))
+    b = gen.generate(PROMPTS, 2, params, seeds(PROMPTS, 7))
+    c = gen.generate(PROMPTS, 2, params, seeds(PROMPTS, 8))
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
     assert a.response_ids.shape != c.response_ids.shape or not torch.equal(a.response_ids, c.response_ids)
 
@@ -210,7 +266,7 @@ def test_mode_restored(backend, training):
     model = tiny_qwen2()
     model.train(training)
     backend(model, PAD, EOS).generate(
-        PROMPTS[:1], 1, SamplingParams(max_new_tokens=2), torch.Generator().manual_seed(0)
+        PROMPTS[:1], 1, SamplingParams(max_new_tokens=2), seeds(PROMPTS[:1])
     )
     assert model.training is training
 
@@ -240,7 +296,7 @@ def stream(gen, params, seed, stop_after: int | None, n: int = 4):
         calls.append((groups, rows))
         return stop_after is not None and sum(len(g) for g, _ in calls) >= stop_after
 
-    result = gen.generate_stream(STREAM_PROMPTS, n, params, torch.Generator().manual_seed(seed), on_groups_done)
+    result = gen.generate_stream(STREAM_PROMPTS, n, params, seeds(STREAM_PROMPTS, seed), on_groups_done)
     return result, calls
 
 
@@ -260,7 +316,7 @@ def test_stream_completed_groups_equal_generate(params):
     n = 4
     model = tiny_qwen2(eos_bias=2.0, trigger_bias=30.0)
     gen = FastGenerator(model, PAD, EOS)
-    plain = gen.generate(STREAM_PROMPTS, n, params, torch.Generator().manual_seed(3))
+    plain = gen.generate(STREAM_PROMPTS, n, params, seeds(STREAM_PROMPTS, 3))
     longest = plain.lengths.view(-1, n).max(1).values
     assert len(set(longest.tolist())) > 2  # groups complete at different steps
 
@@ -307,7 +363,7 @@ def test_stream_stop_ends_decoding_at_once():
     gen = FastGenerator(model, PAD, EOS)
     params = SamplingParams(temperature=1.0, max_new_tokens=16)
     rows = rows_per_call(model)
-    gen.generate(STREAM_PROMPTS, 4, params, torch.Generator().manual_seed(3))
+    gen.generate(STREAM_PROMPTS, 4, params, seeds(STREAM_PROMPTS, 3))
     full_calls = len(rows)
     rows.clear()
     part, calls = stream(gen, params, 3, 1)
@@ -320,7 +376,7 @@ def test_stream_with_zero_new_tokens_reports_every_group():
     gen = FastGenerator(tiny_qwen2(), PAD, EOS)
     calls = []
     result = gen.generate_stream(
-        PROMPTS, 2, SamplingParams(max_new_tokens=0), torch.Generator().manual_seed(0),
+        PROMPTS, 2, SamplingParams(max_new_tokens=0), seeds(PROMPTS),
         lambda groups, rows: calls.append(groups) or False,
     )
     assert calls == [[0, 1, 2, 3]] and result.batch.size == 8 and result.batch.response_ids.shape[1] == 0

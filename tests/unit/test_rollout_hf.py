@@ -11,12 +11,19 @@ import torch
 import transformers
 
 from reasonrl.rollout.hf import HFGenerator, pad_prompts
+from reasonrl.rollout.seeds import group_seed
 from reasonrl.types import RolloutBatch, SamplingParams
 
 PAD, EOS, TRIGGER = 0, 1, 5
 # Different lengths; the second prompt ends with TRIGGER, so with a trigger bias its
 # greedy response is EOS at once.
 PROMPTS = [[3, 9, 14], [7, 2, 30, 41, TRIGGER], [22, 8], [11, 12, 13, 17, 19, 23]]
+
+
+def seeds(prompts: list, run: int = 0) -> list[int]:
+    """One group seed per prompt: ``group_seed(run, i)`` for prompt ``i``, as a run seeded
+    ``run`` draws them."""
+    return [group_seed(run, i) for i in range(len(prompts))]
 
 
 def tiny_qwen2(seed: int = 0, eos_bias: float = 0.0, trigger_bias: float = 0.0, attention: str = "sdpa"):
@@ -118,7 +125,7 @@ def test_pad_prompts_repeats_and_left_pads():
 def test_shapes_masks_and_flags():
     model = tiny_qwen2(eos_bias=2.5)
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
-    batch = HFGenerator(model, PAD, EOS).generate(PROMPTS, 4, params, torch.Generator().manual_seed(0))
+    batch = HFGenerator(model, PAD, EOS).generate(PROMPTS, 4, params, seeds(PROMPTS))
     check_contract(batch, PROMPTS, 4, 8)
     assert batch.eos.any() and batch.truncated.any()
     assert len(set(batch.lengths.tolist())) > 2
@@ -133,7 +140,7 @@ def test_shapes_masks_and_flags():
 )
 def test_logprobs_match_full_forward(params):
     model = tiny_qwen2(eos_bias=1.5)
-    batch = HFGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, torch.Generator().manual_seed(1))
+    batch = HFGenerator(model, PAD, EOS).generate(PROMPTS, 3, params, seeds(PROMPTS, 1))
     expected = recomputed_logprobs(model, batch, params.temperature)
     torch.testing.assert_close(batch.logprobs, expected, atol=1e-5, rtol=0)
 
@@ -141,7 +148,7 @@ def test_logprobs_match_full_forward(params):
 def test_greedy_is_argmax_with_eos_and_truncated_rows():
     model = tiny_qwen2(trigger_bias=30.0)
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    batch = HFGenerator(model, PAD, EOS).generate(PROMPTS, 2, params, torch.Generator().manual_seed(0))
+    batch = HFGenerator(model, PAD, EOS).generate(PROMPTS, 2, params, seeds(PROMPTS))
     check_contract(batch, PROMPTS, 2, 12)
     assert batch.eos.any() and batch.truncated.any()
     logits = recompute_logits(model, batch)
@@ -155,7 +162,7 @@ def test_greedy_is_argmax_with_eos_and_truncated_rows():
 def test_top_k_respected():
     model = tiny_qwen2()
     params = SamplingParams(temperature=1.5, top_k=3, max_new_tokens=6)
-    batch = HFGenerator(model, PAD, EOS).generate(PROMPTS, 8, params, torch.Generator().manual_seed(2))
+    batch = HFGenerator(model, PAD, EOS).generate(PROMPTS, 8, params, seeds(PROMPTS, 2))
     top3 = recompute_logits(model, batch).topk(3, -1).indices
     chosen = (top3 == batch.response_ids.unsqueeze(-1)).any(-1)
     assert chosen[batch.response_mask.bool()].all()
@@ -167,6 +174,6 @@ def test_checkpoint_generation_config_is_overridden():
     model.generation_config.no_repeat_ngram_size = 1
     model.generation_config.min_new_tokens = 4
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
-    batch = HFGenerator(model, PAD, EOS).generate(PROMPTS, 1, params, torch.Generator().manual_seed(0))
+    batch = HFGenerator(model, PAD, EOS).generate(PROMPTS, 1, params, seeds(PROMPTS))
     mask = batch.response_mask.bool()
     assert torch.equal(recompute_logits(model, batch).argmax(-1)[mask], batch.response_ids[mask])

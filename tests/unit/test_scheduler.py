@@ -12,6 +12,7 @@ from reasonrl import algo
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.rollout.scheduler import DynamicSamplingError, RolloutScheduler, SampleState
+from reasonrl.rollout.seeds import group_seed
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch
 from tests.unit.test_rollout_hf import EOS, PAD, tiny_qwen2
 
@@ -46,9 +47,11 @@ def fake_score(k: int = 3, acc_of=None):
 
 
 class Prompts:
-    """A resumable prompt source: ``next_prompts(k)`` hands out the next k prompts."""
+    """A resumable prompt source: ``next_prompts(k)`` hands out the next k prompts as
+    ``(prompt, ids, seed)``, the ``d``-th drawn with ``group_seed(run, d)`` (as a run's producer)."""
 
-    def __init__(self, seed: int = 0, count: int = 400) -> None:
+    def __init__(self, seed: int = 0, count: int = 400, run: int = 0) -> None:
+        self.run = run
         g = torch.Generator().manual_seed(seed)
         self.items = []
         for i in range(count):
@@ -59,9 +62,9 @@ class Prompts:
 
     def __call__(self, k: int):
         self.requests.append(k)
-        out = self.items[self.position : self.position + k]
+        draws = range(self.position, self.position + k)
         self.position += k
-        return out
+        return [(*self.items[d], group_seed(self.run, d)) for d in draws]
 
 
 @pytest.fixture(scope="module")
@@ -94,15 +97,16 @@ def check_lifecycle(s: RolloutScheduler, stats: dict[str, float]) -> None:
     assert all(isinstance(v, float) for v in stats.values())
 
 
-def replay(model, s: RolloutScheduler, prompts: Prompts, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Plain ``generate`` of each generation batch's prompts with the same seed:
+def replay(model, s: RolloutScheduler, prompts: Prompts) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Plain ``generate`` of each generation batch's prompts with the same seeds:
     ``{prompt id: (response ids [N, T], logprobs [N, T])}``."""
-    gen, rng = FastGenerator(model, PAD, EOS), torch.Generator().manual_seed(seed)
+    gen = FastGenerator(model, PAD, EOS)
     out, position = {}, 0
     for k in prompts.requests:
         pairs = prompts.items[position : position + k]
+        seeds = [group_seed(prompts.run, d) for d in range(position, position + k)]
         position += k
-        batch = gen.generate([ids for _, ids in pairs], N, s.params, rng)
+        batch = gen.generate([ids for _, ids in pairs], N, s.params, seeds)
         for g, (p, _) in enumerate(pairs):
             out[p.id] = (batch.response_ids[g * N : (g + 1) * N], batch.logprobs[g * N : (g + 1) * N])
     return out
@@ -110,7 +114,7 @@ def replay(model, s: RolloutScheduler, prompts: Prompts, seed: int) -> dict[str,
 
 def test_keeps_exactly_want_mixed_groups_equal_to_plain_generate(model):
     s, prompts = scheduler(model, want_groups=6), Prompts()
-    batch, stats = s.collect(prompts, torch.Generator().manual_seed(0))
+    batch, stats = s.collect(prompts)
     assert batch.size == 6 * N and batch.rollout.group_ids.tolist() == [i // N for i in range(6 * N)]
     assert algo.keep_groups(batch.acc.float(), batch.rollout.group_ids).all()
     assert algo.group_outcomes(batch.acc, batch.rollout.group_ids) == (0, 0, 6)
@@ -120,7 +124,7 @@ def test_keeps_exactly_want_mixed_groups_equal_to_plain_generate(model):
     assert prompts.requests[0] == 12 and prompts.position == sum(prompts.requests)
     assert len(prompts.requests) == stats["batch/num_gen_batches"]
     # Same tokens and log-probs as a plain generate of the same prompts and seed.
-    plain = replay(model, s, prompts, 0)
+    plain = replay(model, s, prompts)
     T = batch.rollout.response_ids.shape[1]
     assert T == int(batch.rollout.lengths.max())
     for g in range(6):
@@ -142,7 +146,7 @@ def test_keeps_exactly_want_mixed_groups_equal_to_plain_generate(model):
 def test_early_stop_aborts_unfinished_groups(model):
     # Half of the samples correct: almost every group is mixed, the first 4 of 24 to end fill the batch.
     s = scheduler(model, score=fake_score(k=2), want_groups=4, oversample=6.0)
-    batch, stats = s.collect(Prompts(), torch.Generator().manual_seed(1))
+    batch, stats = s.collect(Prompts(run=1))
     check_lifecycle(s, stats)
     assert stats["batch/num_gen_batches"] == 1 and batch.size == 4 * N
     assert stats["batch/aborted_samples"] > 0 and stats["batch/aborted_tokens"] > 0
@@ -156,9 +160,9 @@ def test_early_stop_aborts_unfinished_groups(model):
 
 
 def test_without_early_stop_whole_batches_in_prompt_order(model):
-    prompts = Prompts()
+    prompts = Prompts(run=2)
     s = scheduler(model, want_groups=4, early_stop=False, gen_batch_prompts=6)
-    batch, stats = s.collect(prompts, torch.Generator().manual_seed(2))
+    batch, stats = s.collect(prompts)
     check_lifecycle(s, stats)
     assert stats["batch/aborted_samples"] == 0 and set(prompts.requests) == {6}
     assert stats["batch/generated_samples"] == 6 * N * stats["batch/num_gen_batches"]
@@ -167,7 +171,7 @@ def test_without_early_stop_whole_batches_in_prompt_order(model):
     # A generator without generate_stream gives the same batch.
     hf = scheduler(model, generator_cls=HFGenerator, want_groups=4, gen_batch_prompts=6)
     assert not hf.streaming
-    other, other_stats = hf.collect(Prompts(), torch.Generator().manual_seed(2))
+    other, other_stats = hf.collect(Prompts(run=2))
     check_lifecycle(hf, other_stats)
     assert other.size == 4 * N and other_stats["batch/aborted_samples"] == 0
 
@@ -176,7 +180,7 @@ def test_all_wrong_raises_with_counts_and_config_keys(model):
     prompts = Prompts()
     s = scheduler(model, score=fake_score(acc_of=lambda r: False), want_groups=3, max_gen_batches=2)
     with pytest.raises(DynamicSamplingError, match="only 0 of 3 groups") as info:
-        s.collect(prompts, torch.Generator().manual_seed(0))
+        s.collect(prompts)
     message = str(info.value)
     for key in ("algo.max_gen_batches=2", "train.gen_prompts_per_step", "train.prompts_per_step", "algo.dynamic_sampling"):
         assert key in message
@@ -189,7 +193,7 @@ def test_deterministic(model):
     results = []
     for _ in range(2):
         s = scheduler(model, want_groups=5, oversample=1.5)
-        batch, stats = s.collect(Prompts(seed=3), torch.Generator().manual_seed(4))
+        batch, stats = s.collect(Prompts(seed=3, run=4))
         results.append((batch, stats, [(r.state, r.reason, r.tokens) for r in s.samples]))
     (a, sa, ra), (b, sb, rb) = results
     assert sa == sb and ra == rb and [p.id for p in a.prompts] == [p.id for p in b.prompts]
@@ -200,8 +204,8 @@ def test_deterministic(model):
 
 def test_refill_draws_only_the_missing_groups(model):
     # Few correct samples (k=12): the first batch falls short; each refill is sized to what is missing.
-    s, prompts = scheduler(model, score=fake_score(k=12), want_groups=4, oversample=1.0), Prompts()
-    batch, stats = s.collect(prompts, torch.Generator().manual_seed(5))
+    s, prompts = scheduler(model, score=fake_score(k=12), want_groups=4, oversample=1.0), Prompts(run=5)
+    batch, stats = s.collect(prompts)
     check_lifecycle(s, stats)
     assert stats["batch/num_gen_batches"] > 1 and batch.size == 4 * N
     missing = 4
@@ -212,25 +216,29 @@ def test_refill_draws_only_the_missing_groups(model):
 
 
 def test_the_give_up_budget_counts_prompts_so_small_refills_go_on(model):
-    # algo.max_gen_batches=2 full batches of 4 prompts: refills of 1 use the rest of that budget
-    s, prompts = scheduler(model, score=fake_score(k=12), want_groups=4, oversample=1.0, max_gen_batches=2), Prompts()
-    batch, stats = s.collect(prompts, torch.Generator().manual_seed(1))
-    assert prompts.requests == [4, 1, 1, 1] and stats["batch/num_gen_batches"] == 4 and batch.size == 4 * N
+    # algo.max_gen_batches=2 full batches of 4 prompts: refills sized to what is missing use the
+    # rest of that budget. With this seed the batches keep 2, 1, 0 and 1 groups: refills of 2, 1
+    # and 1 prompts, 8 in all (the whole budget) in 4 generation batches.
+    s, prompts = scheduler(model, score=fake_score(k=12), want_groups=4, oversample=1.0, max_gen_batches=2), Prompts(run=1)
+    batch, stats = s.collect(prompts)
+    kept = [sum(r.gen_batch == b and r.state is SampleState.KEPT for r in s.samples[::N]) for b in range(4)]
+    assert kept == [2, 1, 0, 1]
+    assert prompts.requests == [4, 2, 1, 1] and stats["batch/num_gen_batches"] == 4 and batch.size == 4 * N
     check_lifecycle(s, stats)
     # nothing kept: every refill is a full batch, and the second one exhausts the budget
-    s, prompts = scheduler(model, score=fake_score(acc_of=lambda r: False), want_groups=4, oversample=1.0, max_gen_batches=2), Prompts()
+    s, prompts = scheduler(model, score=fake_score(acc_of=lambda r: False), want_groups=4, oversample=1.0, max_gen_batches=2), Prompts(run=1)
     with pytest.raises(DynamicSamplingError, match=r"from 8 prompts in 2 generation batches, the budget of "
                                                    r"algo.max_gen_batches=2 batches of 4 prompts"):
-        s.collect(prompts, torch.Generator().manual_seed(1))
+        s.collect(prompts)
     assert prompts.requests == [4, 4]
 
 
 def test_without_dynamic_sampling_one_batch_as_scored(model):
-    prompts = Prompts()
+    prompts = Prompts(run=6)
     s = scheduler(model, want_groups=3, dynamic=False)
-    batch, stats = s.collect(prompts, torch.Generator().manual_seed(6))
+    batch, stats = s.collect(prompts)
     plain = FastGenerator(model, PAD, EOS).generate(
-        [ids for _, ids in prompts.items[:3]], N, PARAMS, torch.Generator().manual_seed(6)
+        [ids for _, ids in prompts.items[:3]], N, PARAMS, [group_seed(6, d) for d in range(3)]
     )
     assert prompts.requests == [3] and torch.equal(batch.rollout.response_ids, plain.response_ids)
     assert stats["batch/kept_groups"] == 3 and stats["batch/generated_samples"] == 3 * N
@@ -258,8 +266,34 @@ def test_dynamic_sampling_keeps_groups_of_one_sample(model):
     # As verl's DAPO filter: a group of one has no spread to measure, so it is kept, and
     # rollout.n=1 with dynamic sampling fills its batch from the first generation batch.
     s = RolloutScheduler(FastGenerator(model, PAD, EOS), fake_score(), 1, PARAMS, 4, dynamic=True, oversample=1.0)
-    batch, stats = s.collect(Prompts(), torch.Generator().manual_seed(0))
+    batch, stats = s.collect(Prompts())
     assert batch.size == 4 and stats["batch/kept_groups"] == 4 and stats["batch/num_gen_batches"] == 1
     assert stats["batch/dropped_all_correct"] == stats["batch/dropped_all_wrong"] == 0
     # kept_draws names the draw of each group of the batch, in batch order (groups complete in any order)
     assert [p.id for p in batch.prompts] == [f"p{d}" for d in s.kept_draws] and len(set(s.kept_draws)) == 4
+
+
+def test_batches_follow_the_run_seed_whatever_the_generation_batches(model):
+    # Each group samples with group_seed(run, its draw index): the same prompts drawn in
+    # generation batches of 6 or of 3 (whole batches, kept in draw order) give the same groups,
+    # token for token (log-probs to fp32 noise: the batches around them differ in size); the same
+    # run seed gives the same batch again, another one other samples.
+    def collect(gen_batch_prompts: int, run: int):
+        s = scheduler(model, want_groups=4, early_stop=False, gen_batch_prompts=gen_batch_prompts)
+        batch, _ = s.collect(Prompts(run=run))
+        return batch, s
+
+    six, s6 = collect(6, run=9)
+    three, s3 = collect(3, run=9)
+    assert s6.kept_draws == s3.kept_draws
+    assert s3.samples[-1].gen_batch > s6.samples[-1].gen_batch  # really split differently
+    assert [p.id for p in six.prompts] == [p.id for p in three.prompts]
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "group_ids"):
+        assert torch.equal(getattr(six.rollout, name), getattr(three.rollout, name)), name
+    torch.testing.assert_close(six.rollout.logprobs, three.rollout.logprobs, atol=1e-5, rtol=0)
+    assert torch.equal(six.acc, three.acc)
+    again, _ = collect(6, run=9)
+    assert torch.equal(again.rollout.response_ids, six.rollout.response_ids)
+    other, _ = collect(6, run=10)
+    assert [p.id for p in other.prompts] != [p.id for p in six.prompts] or not torch.equal(
+        other.rollout.response_ids, six.rollout.response_ids)

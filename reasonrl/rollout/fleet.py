@@ -105,6 +105,7 @@ class _Task:
     worker: int
     groups: list[int]
     future: Future
+    pid: int = 0  # the worker's process when the task was sent (a replaced worker has another)
     started: float = field(default_factory=time.perf_counter)
     step: int = -2  # the last decode step it reported a completion at
     done: bool = False
@@ -135,6 +136,7 @@ class RolloutFleet:
         self.streams, self.episodic = streams, episodic
         self.detector, self.clock, self.emit = detector, clock, emit
         self.restarts = 0
+        self._lock = threading.Lock()  # generation and weight delivery run on different threads
         self.current: WeightsUpdate | None = None
         """The weights the workers sample with (a replacement loads them)."""
         self.staged: WeightsUpdate | None = None
@@ -166,10 +168,11 @@ class RolloutFleet:
 
     def _launch(self, worker: int, groups: list[int], method: str, prompts, n, params, seeds, states) -> _Task:
         kwargs = {} if states is None else {"states": [states[g] for g in groups]}
+        pid = self.group.pids[worker]
         future = self.group.submit_to(worker, method, [prompts[g] for g in groups], n, params,
                                       [seeds[g] for g in groups], **kwargs)
         self._stats[worker]["groups"] += len(groups)
-        return _Task(worker, groups, future)
+        return _Task(worker, groups, future, pid)
 
     def _tasks(self, method: str, prompts, n: int, params: SamplingParams, seeds, states) -> list[_Task]:
         if len(seeds) != len(prompts):
@@ -183,10 +186,19 @@ class RolloutFleet:
         return tasks
 
     # ------------------------------------------------------------ failures
-    def _replace(self, task: _Task, error: BaseException) -> int:
-        """Replace the task's worker after ``error`` and return it (loaded with the current weights)."""
+    def _replace(self, task: _Task, error: BaseException) -> None:
+        """Replace the task's worker after ``error`` (loaded with the current weights), unless
+        another thread already replaced that process."""
+        with self._lock:
+            if self.group.pids[task.worker] == task.pid:
+                self._restart(task, error)
+
+    def _restart(self, task: _Task, error: BaseException) -> None:
         hung = isinstance(error, (TimeoutError, FutureTimeout))
-        pid = self.group.pids[task.worker]
+        pid = task.pid
+        if hung:
+            error = TimeoutError(f"rollout[{task.worker}]: no answer within {self.timeout_s:g} s "
+                                 f"(runtime.roles.rollout.timeout_s)")
         if self.restarts >= self.max_restarts:
             raise FleetError(f"rollout worker {task.worker} (pid {pid}): {error}; gave up after {self.restarts} "
                              f"replacements (resilience.rollout_restarts={self.max_restarts})") from error
@@ -201,7 +213,6 @@ class RolloutFleet:
         self.emit("rollout_worker_hung" if hung else "rollout_worker_died", worker=task.worker, pid=pid,
                   new_pid=self.group.pids[task.worker], groups_moved=len(moved), error=str(error)[:300],
                   restarts=self.restarts, seconds_lost=time.perf_counter() - began)
-        return task.worker
 
     def _result(self, task: _Task) -> Any:
         return task.future.result(timeout=self.timeout_s)
@@ -323,20 +334,22 @@ class RolloutFleet:
         """Every worker samples with its staged weights, which must be ``version``; a worker
         replaced meanwhile loads them at its restart."""
         self.current = self.staged
+        pids = self.group.pids
         for i, future in enumerate(self.group.submit("load_staged", version)):
             try:
                 future.result(timeout=self.timeout_s)
             except self.failures as err:
-                self._replace(_Task(i, [], future), err)
+                self._replace(_Task(i, [], future, pids[i]), err)
 
     def _deliver(self, method: str, update: WeightsUpdate) -> None:
         began = time.perf_counter()
+        pids = self.group.pids
         futures = self.group.submit(method, update)
         for i, future in enumerate(futures):
             try:
                 future.result(timeout=self.timeout_s)
             except self.failures as err:
-                self._replace(_Task(i, [], future), err)
+                self._replace(_Task(i, [], future, pids[i]), err)
         self.weight_sync_s = time.perf_counter() - began
 
     # ------------------------------------------------------------ per-worker figures

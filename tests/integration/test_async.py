@@ -1,5 +1,6 @@
-"""Asynchronous rollouts on a tiny random model: staleness 0 is the synchronous run bit for bit,
-the staleness bound holds, and a rollout process that dies or hangs is replaced."""
+"""Asynchronous rollouts on a tiny random model: staleness 0 is the synchronous run bit for bit
+with one or several rollout workers, the staleness bound holds, rollout-side faults act in
+async mode, and a rollout worker that dies or hangs is replaced without losing a prompt."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ NOT_VALUES = ("timing_s/", "time", "ettr", "time_lost_s", "mttr_s", "perf/throug
 
 def values(row: dict) -> dict:
     """A metrics row without its timings and memory readings."""
-    return {k: v for k, v in row.items() if not k.startswith(NOT_VALUES[0]) and k not in NOT_VALUES}
+    return {k: v for k, v in row.items() if not k.startswith(NOT_VALUES[0]) and k not in NOT_VALUES and not k.endswith("/busy_s")}
 
 
 def overrides(model_dir, run_dir, steps, *extra):
@@ -37,28 +38,44 @@ def overrides(model_dir, run_dir, steps, *extra):
     ]
 
 
-def test_async_and_lockstep_at_staleness_0_are_the_synchronous_run_bit_for_bit(model_dir, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_async_and_lockstep_at_staleness_0_are_the_synchronous_run_bit_for_bit(model_dir, tmp_path, workers):
     runs = {}
-    for mode in ("sync", "async", "lockstep"):
+    modes = ("sync", "async", "lockstep") + (("lockstep-again",) if workers > 1 else ())
+    for mode in modes:
         run_dir = tmp_path / mode
-        Controller(load(None, overrides(model_dir, run_dir, 6, f"rollout.mode={mode}", "rollout.max_staleness=0"))).run()
+        Controller(load(None, overrides(model_dir, run_dir, 6, f"rollout.mode={mode.split('-')[0]}", "rollout.max_staleness=0",
+                                        f"runtime.roles.rollout.count={workers}"))).run()
         runs[mode] = (load_file(run_dir / "final/model.safetensors"), [values(r) for r in read_jsonl(run_dir / "metrics.jsonl")],
                       read_jsonl(run_dir / "prompts.jsonl"))
     weights, rows, prompts = runs["sync"]
     assert len(rows) == 7 and "val/acc" in rows[3] and rows[1]["batch/aborted_samples"] + rows[1]["batch/dropped_all_wrong"] > 0
-    for mode in ("async", "lockstep"):
+    assert all(rows[s][f"rollout/worker{w}/groups"] > 0 for s in range(1, 7) for w in range(workers))  # every worker served
+    for mode in modes[1:]:
         w, r, p = runs[mode]
         assert w.keys() == weights.keys() and all(torch.equal(w[k], weights[k]) for k in w), f"{mode}: weights differ"
         assert r == rows, f"{mode}: metrics rows differ"
         assert p == prompts, f"{mode}: prompt records differ"
-    events = [e["kind"] for e in read_jsonl(tmp_path / "async" / "events.jsonl")]
-    assert "rollout_started" in events and "rollout_died" not in events
+    events = read_jsonl(tmp_path / "async" / "events.jsonl")
+    [started] = [e for e in events if e["kind"] == "rollout_started"]
+    assert len(started["pids"]) == workers and os.getpid() not in started["pids"]  # async: processes of their own
+    assert not any(e["kind"].startswith("rollout_worker_") for e in events)
 
 
-def test_rollout_side_faults_are_refused_in_async_mode(model_dir, tmp_path):
-    cfg = load(None, overrides(model_dir, tmp_path, 2, "rollout.mode=async", "faults=[reward_error@2]"))
-    with pytest.raises(ValueError, match=r"faults: reward_error act on the rollout side, which rollout.mode=async runs"):
-        Controller(cfg)
+def test_rollout_side_faults_act_in_async_mode_and_name_the_worker(model_dir, tmp_path):
+    cfg = load(None, overrides(model_dir, tmp_path, 12, "rollout.mode=async", "runtime.roles.rollout.count=2",
+                               "runtime.roles.reward.count=1", "runtime.roles.reward.timeout_s=0.5",
+                               "faults=[reward_error@2:count=2,reward_timeout@3,slow@4:worker=1:factor=4]",
+                               "resilience.slow_window=4", "resilience.slow_min_s=0.005", "eval.every_steps=0"))
+    Controller(cfg).run()
+    events = read_jsonl(tmp_path / "events.jsonl")
+    failed = [e for e in events if e["kind"] == "reward_failed"]
+    assert [e["step"] for e in failed][:2] == [2, 3] and "injected reward error" in failed[0]["errors"][0]
+    assert "timeout after 0.5s" in " ".join(failed[1]["errors"])
+    slow = [e for e in events if e["kind"] == "slowdown"]
+    assert slow and slow[0]["stage"] == "gen" and slow[0]["worker"] == 1 and slow[0]["step"] >= 4
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(rows) == 12 and rows[-1]["rollout/worker1/groups"] < rows[-1]["rollout/worker0/groups"]  # work moved off 1
 
 
 def test_async_staleness_never_exceeds_its_bound(model_dir, tmp_path):
@@ -106,35 +123,34 @@ def _wait_for(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def _rollout_pid(run_dir, after_steps: int) -> int:
+def _rollout_pids(run_dir, after_steps: int) -> list[int]:
     def ready():
         events = read_jsonl(run_dir / "events.jsonl") if (run_dir / "events.jsonl").exists() else []
         rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
-        started = [e["pid"] for e in events if e["kind"] == "rollout_started"]
+        started = [e["pids"] for e in events if e["kind"] == "rollout_started"]
         return started[-1] if started and len(rows) >= after_steps else None
 
-    return _wait_for(ready, 120, f"{after_steps} steps and a rollout process")
+    return _wait_for(ready, 120, f"{after_steps} steps and the rollout workers")
 
 
 @pytest.mark.slow
-def test_a_rollout_process_that_dies_and_one_that_hangs_are_replaced_and_the_run_completes(model_dir, tmp_path):
-    proc = _run_async(tmp_path, model_dir, 16, "resilience.rollout_timeout_s=3")
+def test_rollout_workers_that_die_or_hang_mid_step_are_replaced_and_no_prompt_is_lost(model_dir, tmp_path):
+    proc = _run_async(tmp_path, model_dir, 16, "runtime.roles.rollout.timeout_s=3", "runtime.roles.rollout.count=2")
     try:
-        killed = _rollout_pid(tmp_path, after_steps=3)
-        os.kill(killed, signal.SIGKILL)
-        stopped = _wait_for(lambda: next((e["pid"] for e in read_jsonl(tmp_path / "events.jsonl")
-                                          if e["kind"] == "rollout_restarted"), None), 120, "the first restart")
-        _rollout_pid(tmp_path, after_steps=8)
-        os.kill(stopped, signal.SIGSTOP)
+        first, second = _rollout_pids(tmp_path, after_steps=3)
+        os.kill(second, signal.SIGKILL)
+        _wait_for(lambda: any(e["kind"] == "rollout_worker_died" for e in read_jsonl(tmp_path / "events.jsonl")), 120,
+                  "the dead worker's replacement")
+        _rollout_pids(tmp_path, after_steps=8)
+        os.kill(first, signal.SIGSTOP)
         out, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
     events = read_jsonl(tmp_path / "events.jsonl")
-    incidents = [(e["kind"], e["pid"]) for e in events if e["kind"] in ("rollout_died", "rollout_timeout")]
-    assert incidents == [("rollout_died", killed), ("rollout_timeout", stopped)]
-    restarted = [e for e in events if e["kind"] == "rollout_restarted"]
-    assert [e["restarts"] for e in restarted] == [1, 2] and restarted[1]["pid"] not in (killed, stopped)
+    incidents = [(e["kind"], e["worker"], e["pid"]) for e in events if e["kind"].startswith("rollout_worker_")]
+    assert incidents == [("rollout_worker_died", 1, second), ("rollout_worker_hung", 0, first)]
+    assert all(e["new_pid"] not in (first, second) for e in events if e["kind"].startswith("rollout_worker_"))
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 17))
     _assert_every_prompt_used_once(tmp_path)
 
@@ -157,7 +173,7 @@ def _assert_every_prompt_used_once(run_dir):
 def test_an_async_run_killed_and_resumed_uses_every_prompt_exactly_once(model_dir, tmp_path):
     first = _run_async(tmp_path, model_dir, 16, "checkpoint.every_steps=3")
     try:
-        _rollout_pid(tmp_path, after_steps=7)
+        _rollout_pids(tmp_path, after_steps=7)
         first.kill()  # SIGKILL: the rollout process goes with it (its pipe closes)
         first.communicate(timeout=60)
     finally:
@@ -176,7 +192,7 @@ def test_an_async_run_killed_and_resumed_uses_every_prompt_exactly_once(model_di
 def test_a_lockstep_run_killed_at_several_points_ends_bit_identical(model_dir, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     common = ["rollout.mode=lockstep", "rollout.max_staleness=1", "algo.off_policy=decoupled", "checkpoint.every_steps=1",
-              "checkpoint.keep=3", "resilience.backoff_s=0.05", "resilience.max_restarts=8"]
+              "checkpoint.keep=3", "resilience.backoff_s=0.05", "resilience.max_restarts=8", "runtime.roles.rollout.count=2"]
     Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 8, *common))).run()
     faults = "faults=[sigkill@3:stage=gen,ckpt_kill@5]"  # a kill in update_actor: tests/integration/test_fault_drills.py
     cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *overrides(model_dir, faulty, 8, *common, faults)]

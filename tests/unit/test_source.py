@@ -109,6 +109,8 @@ class _Rollout:
         return [future]
 
     def call(self, method: str, *args):
+        if method == "pids":
+            return [self.pids]
         return [f.result() for f in self.submit(method, *args)]
 
     def kill(self): ...
@@ -120,7 +122,7 @@ class _Rollout:
 def test_admission_keeps_at_most_max_staleness_batches_ahead(lockstep):
     rollout = _Rollout()
     source = AsyncSource(lambda: rollout, WeightsUpdate(0, {}), n=N, pad_id=PAD, want=2, max_staleness=2, lockstep=lockstep,
-                         timeout_s=5, max_restarts=0, failures=(), emit=lambda *a, **k: None)
+                         timeout_s=5, emit=lambda *a, **k: None)
     source.publish(WeightsUpdate(0, {}))
     assert [c for c in rollout.calls if c[0] == "collect"] == [("collect", -1)] * 3  # batches 0..2 at version 0
     for step, future in enumerate(rollout.futures[:1]):

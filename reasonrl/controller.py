@@ -31,7 +31,7 @@ from reasonrl import algo
 from reasonrl.checkpoint import CheckpointWriteError, ProcessRNG, StateRegistry, find_latest, list_checkpoints, load_checkpoint
 from reasonrl.config import Config, config_hash, dump
 from reasonrl.models.loading import load_tokenizer, model_context
-from reasonrl.data.sft import resolve_model_dir
+from reasonrl.warmstart import resolve_model_dir
 from reasonrl.data.sources import source_name
 from reasonrl.data.splits import tokenize_prompts
 from reasonrl.env.splits import run_splits

@@ -1,6 +1,6 @@
 """The package's layering: a module imports only from its own layer or the layers before it.
 
-    types, config, errors, plugins <- algo <- models, precision, memory, data, env, rollout, reward, train, checkpoint,
+    types, config, errors, plugins <- algo <- models, precision, memory, data, env, warmstart, rollout, reward, train, checkpoint,
     metrics, loggers, samples
     <- workers <- runtime <- resilience, evaluation, report <- controller, preflight <- cli
 
@@ -19,7 +19,7 @@ PACKAGE = Path(reasonrl.__file__).parent
 LAYERS: list[set[str]] = [
     {"types", "config", "errors", "plugins", "__version__"},  # __version__: the package root's, read by the CLI
     {"algo"},
-    {"models", "precision", "memory", "data", "env", "rollout", "reward", "train", "checkpoint", "metrics", "loggers",
+    {"models", "precision", "memory", "data", "env", "warmstart", "rollout", "reward", "train", "checkpoint", "metrics", "loggers",
      "samples"},
     {"workers"},
     {"runtime"},

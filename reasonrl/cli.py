@@ -200,7 +200,7 @@ def cmd_env_check(args: argparse.Namespace) -> int:
     from reasonrl.env.check import env_check
 
     if args.list:
-        from reasonrl.env.base import ENVS
+        from reasonrl.env.registry import ENVS
 
         print("\n".join(ENVS))
         return 0

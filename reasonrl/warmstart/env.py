@@ -62,8 +62,9 @@ import torch
 from reasonrl.config import Config, EnvConfig
 from reasonrl.warmstart.sft import cache_root, sft_model, sft_step
 from reasonrl.data.tokenizer import build_char_tokenizer
-from reasonrl.env.base import Env, env_attribute, make_env
+from reasonrl.env.base import Env
 from reasonrl.env.pool import EnvPool
+from reasonrl.env.registry import env_attribute, make_env
 from reasonrl.env.splits import HELD_OUT_SEED
 from reasonrl.errors import InputError
 from reasonrl.rollout.agent_loop import AgentLoop, observation_ids

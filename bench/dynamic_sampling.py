@@ -14,7 +14,7 @@ with :class:`~reasonrl.rollout.scheduler.RolloutScheduler` on a FastGenerator:
 Models (``--model``): ``synthetic``, the random ~1M-parameter Qwen2 of ``bench/rollout.py``
 (EOS bias: lengths spread over 1..24) graded by ``acc = hash(response tokens) % k == 0``
 (``--k`` sets the fraction of mixed groups); ``warm``, the embedded warm start
-(``reasonrl.data.sft.ensure_warm_start``, cached under ``$REASONRL_CACHE``, trained first
+(``reasonrl.warmstart.sft.ensure_warm_start``, cached under ``$REASONRL_CACHE``, trained first
 if absent) on the embedded task's train prompts, graded by the real ``dapo_score``, with
 the dapo recipe's sampling (temperature 1, 48 new tokens).
 
@@ -85,7 +85,7 @@ def warm_setup(pool: int):
     from reasonrl.data.splits import load_splits
     from reasonrl.data.splits import encode_prompts
     from reasonrl.models.loading import load_model, load_tokenizer
-    from reasonrl.data.sft import ensure_warm_start
+    from reasonrl.warmstart.sft import ensure_warm_start
     from reasonrl.reward.math import dapo_score
 
     recipe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "recipes", "dapo.yaml")

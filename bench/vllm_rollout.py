@@ -37,7 +37,7 @@ def main() -> None:
 
     from reasonrl.config import load
     from reasonrl.models.loading import load_eos_ids, load_model, load_tokenizer, model_context
-    from reasonrl.data.sft import resolve_model_dir
+    from reasonrl.warmstart import resolve_model_dir
     from reasonrl.data.splits import load_splits, tokenize_prompts
     from reasonrl.rollout.fast import FastGenerator
     from reasonrl.types import SamplingParams

@@ -180,7 +180,7 @@ class Evaluator:
     def __init__(self, spec: dict) -> None:
         from reasonrl.config import load
         from reasonrl.models.loading import load_tokenizer, model_context
-        from reasonrl.data.sft import resolve_model_dir
+        from reasonrl.warmstart import resolve_model_dir
         from reasonrl.data.splits import load_splits, tokenize_prompts
         from reasonrl.evaluation import Evaluator as HeldOut
         from reasonrl.workers import RewardWorker, RolloutWorker
@@ -722,7 +722,7 @@ def main() -> None:
     jiffies, own0 = busy_jiffies(), os.times()
     start = time.time()
     from reasonrl.config import load
-    from reasonrl.data.sft import ensure_warm_start
+    from reasonrl.warmstart.sft import ensure_warm_start
 
     cfg = load(str(RECIPE))
     warm_dir = str(ensure_warm_start(cfg.sft, cfg.data.families, log))  # once, before the workers start

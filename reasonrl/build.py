@@ -34,7 +34,7 @@ from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, available_co
 from reasonrl.runtime.group import ThreadGroup
 from reasonrl.runtime.topology import Topology, spawn
 from reasonrl.types import Prompt
-from reasonrl.data.sft import resolve_model_dir
+from reasonrl.warmstart import resolve_model_dir
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker
 
 

@@ -95,7 +95,8 @@ def _train_here(cfg) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     """Build (or find) the recipe's warm start: of its shipped environment (env.name), else of
     the embedded task."""
-    from reasonrl.data.sft import ensure_warm_start, resolve_model_dir
+    from reasonrl.warmstart import resolve_model_dir
+    from reasonrl.warmstart.sft import ensure_warm_start
 
     cfg = load(_recipe(args.recipe), args.overrides)
     out = resolve_model_dir(cfg) if cfg.model.path == "embedded" else ensure_warm_start(cfg.sft, cfg.data.families)
@@ -200,7 +201,7 @@ def cmd_env_check(args: argparse.Namespace) -> int:
     from reasonrl.env.check import env_check
 
     if args.list:
-        from reasonrl.env.base import ENVS
+        from reasonrl.env.registry import ENVS
 
         print("\n".join(ENVS))
         return 0

@@ -41,7 +41,7 @@ from reasonrl.algo.evaluation import majority_vote, mean_stderr, pass_at_k
 from reasonrl.checkpoint.export import export_model, select_checkpoint
 from reasonrl.config import Config
 from reasonrl.models.loading import load_tokenizer, model_context
-from reasonrl.data.sft import resolve_model_dir
+from reasonrl.warmstart import resolve_model_dir
 from reasonrl.data.sources import TEST_SPLITS
 from reasonrl.data.splits import read_prompts, tokenize_prompts
 from reasonrl.env.splits import run_splits

@@ -37,7 +37,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 from reasonrl.checkpoint.store import CheckpointCorruptError, find_latest, fsync_dir, list_checkpoints, load_checkpoint
 from reasonrl.config import Config, load
 from reasonrl.models.loading import join_eos_ids, load_model, load_tokenizer
-from reasonrl.data.sft import resolve_model_dir
+from reasonrl.warmstart import resolve_model_dir
 from reasonrl.data.tokenizer import CHAT_TEMPLATE
 from reasonrl.errors import InputError, InputNotFound, error_line
 

@@ -7,11 +7,11 @@ module that defines it has imported gymnasium).
 """
 
 from reasonrl.env.arith import ToolArithEnv
-from reasonrl.env.base import (ENVS, Env, EnvProtocolError, GymTextAdapter, check_reset, check_step,
-                               env_attribute, make_env)
+from reasonrl.env.base import Env, EnvProtocolError, GymTextAdapter, check_reset, check_step
 from reasonrl.env.check import EnvCheckReport, env_check
 from reasonrl.env.grid import GridEnv
 from reasonrl.env.pool import EnvFailure, EnvPool
+from reasonrl.env.registry import ENVS, env_attribute, make_env
 from reasonrl.env.tools import TOOLS, Tool, ToolCall, ToolCallError, ToolEnv, parse_tool_calls
 
 __all__ = [

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reasonrl.env.base import env_attribute, make_env
+from reasonrl.env.registry import env_attribute, make_env
 from reasonrl.env.pool import EnvFailure, EnvPool
 from reasonrl.env.tools import TOOL_CALL_PATTERN, TOOL_RESPONSE_FORMAT
 from reasonrl.errors import InputError
@@ -123,7 +123,7 @@ def env_check(name: str, args: dict[str, Any] | None = None, episodes: int = 20,
               policy: str = "random", step_timeout_s: float = 10.0, max_turns: int = 50,
               tools: Sequence[str] = (), tool_call_pattern: str = TOOL_CALL_PATTERN,
               tool_response_format: str = TOOL_RESPONSE_FORMAT) -> EnvCheckReport:
-    """Play ``episodes`` episodes of ``name`` (built as :func:`~reasonrl.env.base.make_env`
+    """Play ``episodes`` episodes of ``name`` (built as :func:`~reasonrl.env.registry.make_env`
     builds it) on seeds ``seed .. seed + episodes - 1`` with ``policy``, at most ``max_turns``
     turns each, and report (see the module). An env that cannot be built, or a ``scripted``
     policy for an env without ``demonstration``, is an InputError."""

@@ -5,7 +5,7 @@
         steps = pool.step_many(["R", None, "D", "U", "L", "R", "R", "D"])   # Step | EnvFailure | None
 
 The pool holds ``size`` episode slots; slot ``i`` lives in worker ``i % workers`` (each worker
-process builds one env per slot it holds, by :func:`~reasonrl.env.base.make_env`). A call
+process builds one env per slot it holds, by :func:`~reasonrl.env.registry.make_env`). A call
 sends each worker the calls of its slots at once, so workers run in parallel while each runs
 its own slots one after another; every result is checked by
 :func:`~reasonrl.env.base.check_reset` / :func:`~reasonrl.env.base.check_step`. A slot whose
@@ -38,7 +38,8 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Literal
 
 from reasonrl.config.schema import EnvConfig, RoleConfig
-from reasonrl.env.base import Env, EnvProtocolError, Reset, Step, check_reset, check_step, make_env
+from reasonrl.env.base import Env, EnvProtocolError, Reset, Step, check_reset, check_step
+from reasonrl.env.registry import make_env
 from reasonrl.env.tools import TOOL_CALL_PATTERN, TOOL_RESPONSE_FORMAT
 from reasonrl.errors import InputError, error_line
 
@@ -61,7 +62,7 @@ class EnvFailure:
 
 @dataclass(frozen=True)
 class _EnvSpec:
-    """What a worker needs to build an env: :func:`~reasonrl.env.base.make_env`'s arguments."""
+    """What a worker needs to build an env: :func:`~reasonrl.env.registry.make_env`'s arguments."""
 
     name: str
     args: dict[str, Any]
@@ -70,7 +71,7 @@ class _EnvSpec:
     tool_response_format: str
 
     def build(self) -> Env:
-        """A new env, as :func:`~reasonrl.env.base.make_env` builds it."""
+        """A new env, as :func:`~reasonrl.env.registry.make_env` builds it."""
         return make_env(self.name, self.args, self.tools, self.tool_call_pattern, self.tool_response_format)
 
 
@@ -180,7 +181,7 @@ def _start_method() -> str:
 
 class EnvPool:
     """``size`` episode slots of the env ``name`` (``env.name``, built with ``args`` and
-    ``tools`` as :func:`~reasonrl.env.base.make_env` builds it) over ``workers`` processes (at
+    ``tools`` as :func:`~reasonrl.env.registry.make_env` builds it) over ``workers`` processes (at
     most ``size``), every call bounded by ``step_timeout_s`` (see the module).
 
     ``last_call_s[i]`` is how long slot ``i``'s env took in the last call that reached it

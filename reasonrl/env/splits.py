@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from reasonrl.config import Config
 from reasonrl.data.splits import Splits, read_splits
-from reasonrl.env.base import check_reset, make_env
+from reasonrl.env.base import check_reset
+from reasonrl.env.registry import make_env
 from reasonrl.types import Prompt
 
 HELD_OUT_SEED = 10**9

@@ -130,7 +130,7 @@ def format_table(rows: list[dict], ettr: float) -> str:
 
 def run_drill(cfg_overrides: list[str], root: Path, steps: int, recipe: Path) -> tuple[list[dict], float]:
     """Run the clean run and every drill of the standard plan under ``root``; return (rows, ETTR)."""
-    from reasonrl.data.sft import ensure_warm_start
+    from reasonrl.warmstart.sft import ensure_warm_start
 
     base = [*drill_overrides(steps), *cfg_overrides]
     cfg: Config = load(recipe, base)

@@ -2,7 +2,7 @@
 (read from metrics.jsonl: ``val/acc`` is the share of held-out episodes that succeed, mean over
 ``eval.k`` samples of 64 initial states never trained).
 
-Slow: these train for real from the environments' cached warm starts (reasonrl/env/warmstart.py,
+Slow: these train for real from the environments' cached warm starts (reasonrl/warmstart/env.py,
 built once per machine: the imperfect starting policies, which succeed 25-50% of the time).
 Figures and commands in docs/benchmarks.md."""
 

@@ -14,7 +14,7 @@ from reasonrl.checkpoint import CheckpointWriter
 from reasonrl.cli import main
 from reasonrl.config import dump, load
 from reasonrl.models.loading import load_model
-from reasonrl.data.sft import ensure_warm_start
+from reasonrl.warmstart.sft import ensure_warm_start
 from reasonrl.samples import read_samples
 from tests.conftest import shared
 

@@ -1,4 +1,4 @@
-"""Warm starts of the shipped environments (reasonrl/env/warmstart.py): the demonstrations'
+"""Warm starts of the shipped environments (reasonrl/warmstart/env.py): the demonstrations'
 token layout is the agent loop's, the cache is reused, resolve_model_dir picks them, and the
 warm start's sampled success rate lies in the intended band."""
 
@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from reasonrl.config import EnvConfig, load
-from reasonrl.data import sft
+from reasonrl import warmstart
 from reasonrl.models.loading import load_tokenizer
 from reasonrl.data.tokenizer import build_char_tokenizer
-from reasonrl.env import warmstart as W
+from reasonrl.warmstart import env as W
 from reasonrl.env.pool import EnvPool
 from reasonrl.env.splits import HELD_OUT_SEED
 from reasonrl.errors import InputError
@@ -161,7 +161,7 @@ def test_the_warm_start_is_cached_and_resolve_model_dir_picks_it(cache, monkeypa
     start = time.perf_counter()
     assert W.ensure_env_warm_start(cfg, log=no_training) == out
     assert time.perf_counter() - start < 1.0
-    assert sft.resolve_model_dir(cfg, log=no_training) == out
+    assert warmstart.resolve_model_dir(cfg, log=no_training) == out
     assert W.env_warm_start_dir(load(None, ["env.name=grid", "env.args.size=4", *TINY_SFT])) != out
     assert W.env_warm_start_dir(load(None, ["env.name=grid", "env.args.size=3", "env.args.holes=1",
                                             "env.args.max_steps=4", "env.max_turns=4", "rollout.max_new_tokens=4",
@@ -174,10 +174,10 @@ class NotShipped:
 
 @pytest.mark.parametrize("name", ["", "tests.unit.test_env_warmstart:NotShipped"])
 def test_other_envs_get_the_embedded_warm_start(cache, monkeypatch, name):
-    monkeypatch.setattr(sft, "ensure_warm_start", lambda cfg, families, log=print: ("embedded", cfg, families))
+    monkeypatch.setattr(warmstart, "ensure_warm_start", lambda cfg, families, log=print: ("embedded", cfg, families))
     cfg = load(None, [f"env.name={name}"] if name else [])
-    assert sft.resolve_model_dir(cfg) == ("embedded", cfg.sft, cfg.data.families)
-    assert sft.resolve_model_dir(load(None, ["model.path=/some/model", "env.name=grid"])).as_posix() == "/some/model"
+    assert warmstart.resolve_model_dir(cfg) == ("embedded", cfg.sft, cfg.data.families)
+    assert warmstart.resolve_model_dir(load(None, ["model.path=/some/model", "env.name=grid"])).as_posix() == "/some/model"
 
 
 def test_turns_that_never_fit_the_budget_are_an_input_error(cache):

@@ -1,7 +1,7 @@
 """Supervised warm starts of the embedded model for the shipped environments (``grid``, ``tool_arith``).
 
 The embedded model knows nothing of an environment's text, so reinforcement learning from
-scratch would see no successes to learn from. As :mod:`reasonrl.data.sft` does for the
+scratch would see no successes to learn from. As :mod:`reasonrl.warmstart.sft` does for the
 embedded task, the tiny model is first trained on demonstrations, here whole episodes of the
 env's scripted policy made imperfect on purpose (:data:`SPECS`):
 
@@ -36,7 +36,7 @@ learning rate, batch size and seed from ``sft.*``) is saved with its tokenizer u
 ``$REASONRL_CACHE/warmstart/env-<name>-<hash>/`` beside ``sft_summary.json`` (``success``: the
 last measurement; ``history``: every one). The hash covers the env's name, arguments and tools,
 the episode settings above, the ``sft`` settings, the spec and :data:`FORMAT_VERSION`; a second
-call only returns the directory. :func:`reasonrl.data.sft.resolve_model_dir` picks it for
+call only returns the directory. :func:`reasonrl.warmstart.resolve_model_dir` picks it for
 ``model.path=embedded`` with such an ``env.name``.
 
     out = ensure_env_warm_start(cfg)          # cfg.env.name in SPECS
@@ -60,10 +60,11 @@ from typing import Any, Callable
 import torch
 
 from reasonrl.config import Config, EnvConfig
-from reasonrl.data.sft import cache_root, sft_model, sft_step
+from reasonrl.warmstart.sft import cache_root, sft_model, sft_step
 from reasonrl.data.tokenizer import build_char_tokenizer
-from reasonrl.env.base import Env, env_attribute, make_env
+from reasonrl.env.base import Env
 from reasonrl.env.pool import EnvPool
+from reasonrl.env.registry import env_attribute, make_env
 from reasonrl.env.splits import HELD_OUT_SEED
 from reasonrl.errors import InputError
 from reasonrl.rollout.agent_loop import AgentLoop, observation_ids

@@ -6,8 +6,8 @@ perfect, so that reinforcement learning has room to improve it), then saved with
 tokenizer as a Hugging Face model directory under
 ``$REASONRL_CACHE/warmstart/<hash of the settings>/`` (default cache: ``~/.cache/reasonrl``).
 A second call with the same settings only returns the directory. The shipped environments
-(``env.name`` grid, tool_arith) have warm starts of their own: :mod:`reasonrl.env.warmstart`,
-which :func:`resolve_model_dir` picks for them.
+(``env.name`` grid, tool_arith) have warm starts of their own: :mod:`reasonrl.warmstart.env`,
+which :func:`reasonrl.warmstart.resolve_model_dir` picks for them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from reasonrl.config import Config, SFTConfig
+from reasonrl.config import SFTConfig
 from reasonrl.data import tasks
 from reasonrl.models.loading import build_tiny_model
 from reasonrl.data.tokenizer import build_char_tokenizer
@@ -33,19 +33,6 @@ from reasonrl.types import SamplingParams
 
 FORMAT_VERSION = 2
 """Bump when the task, tokenizer or training code changes what a cached model is."""
-
-
-def resolve_model_dir(cfg: Config, log: Callable[[str], None] = print) -> Path:
-    """The policy's model directory, model.path unless that is ``embedded``: then the cached warm
-    start, of the environment ``env.name`` when it is a shipped one with a warm start (grid,
-    tool_arith: :mod:`reasonrl.env.warmstart`), else of the embedded task."""
-    if cfg.model.path == "embedded":
-        from reasonrl.env.warmstart import ensure_env_warm_start, has_warm_start  # it imports this module
-
-        if cfg.env.name and has_warm_start(cfg.env.name):
-            return ensure_env_warm_start(cfg, log)
-        return ensure_warm_start(cfg.sft, cfg.data.families, log)
-    return Path(cfg.model.path)
 
 
 def cache_root() -> Path:

@@ -61,7 +61,7 @@ def mode_overrides(mode: str, staleness: int, cores: int) -> list[str]:
         return ["rollout.mode=sync", f"run.threads={cores}"]
     half = max(1, cores // 2)
     return ["rollout.mode=async", f"rollout.max_staleness={staleness}", "algo.off_policy=decoupled",
-            f"run.threads={half}", f"rollout.threads={max(1, cores - half)}"]
+            f"run.threads={half}", f"runtime.roles.rollout.threads={max(1, cores - half)}"]
 
 
 def run_one(workload: str, mode: str, staleness: int, seed: int, args, out: Path) -> dict:

@@ -4,7 +4,7 @@ Three measurements, each configuration in a fresh process, the configurations in
 over ``--seeds`` (machines are noisy: compare inside one run, medians):
 
 1. **Trained samples/s** of the DAPO recipe (embedded task, warm start) with
-   ``runtime.trainer_ranks`` 1 and 2 and ``resilience.rollout_workers`` 1 and 2: rows trained
+   ``runtime.trainer_ranks`` 1 and 2 and ``runtime.roles.rollout.count`` 1 and 2: rows trained
    per second of step time, median over the steps after ``--warmup``.
 2. **Ray's overhead** at equal work: the same seeded lockstep run (staleness 0, the rollout
    side in a process of its own) with ``runtime.engine=local`` (a forkserver child over a
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 RECIPE = ROOT / "recipes" / "dapo.yaml"
 THROUGHPUT = {"ranks=1,rollout=1": [], "ranks=2,rollout=1": ["runtime.trainer_ranks=2"],
-              "ranks=1,rollout=2": ["resilience.rollout_workers=2"]}
+              "ranks=1,rollout=2": ["runtime.roles.rollout.count=2"]}
 OVERHEAD = {"local": ["rollout.mode=lockstep"], "ray": ["runtime.engine=ray"]}
 """runtime.engine=ray runs rollout.mode=sync as lockstep at staleness 0: the same work as local lockstep."""
 

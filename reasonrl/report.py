@@ -56,12 +56,12 @@ _PASS_AT_K = re.compile(r"^val/pass@\d+$")
 
 MARKED_KINDS = FAILURES | {
     "gave_up", "fatal", "recovered", "rollback", "nonfinite", "spike", "slowdown", "slowdown_recovered",
-    "checkpoint_failed", "reward_failed", "rollout_died", "rollout_timeout", "rollout_restarted", "fault_injected",
+    "checkpoint_failed", "reward_failed", "rollout_worker_died", "rollout_worker_hung", "fault_injected",
 }
 """Event kinds drawn on the plots: the supervisor's failures, each followed by a restart
 (``crash``, ``killed``, ``hang``) unless it ``gave_up``, ``fatal`` stops, ``recovered``
 restarts, guard verdicts (``rollback``, ``nonfinite``, ``spike``), fail-slow workers,
-failed checkpoints and rewards, rollout process restarts and injected faults."""
+failed checkpoints and rewards, replaced rollout workers and injected faults."""
 
 _DETAIL_CHARS = 200
 

@@ -14,6 +14,8 @@
     are all in it. Consecutive failures before one successful restart count once.
   - A rollback: the wasted steps' time plus the restore (``recover_s``).
   - A skipped non-finite step: its time.
+  - A rollout worker replaced within a step (``rollout_worker_died``, ``rollout_worker_hung``):
+    its ``seconds_lost`` (the replacement and reload), taken out of that step's productive time.
 - Neither: loading, validation and checkpoints outside an incident, and the time between two
   invocations of a run (a stopped run resumed later loses nothing).
 
@@ -32,8 +34,11 @@ FAILURES = frozenset({"crash", "killed", "hang"})
 """Event kinds of a trainer that the supervisor saw fail (and restarts)."""
 
 LIFECYCLE_KINDS = frozenset({"start", "resume", "recovered", "done", "stopped", "checkpoint", "slowdown_recovered",
-                             "rollout_leftover", "fatal"})
+                             "rollout_leftover", "rollout_started", "fatal"})
 """Event kinds that record the run's course rather than an incident."""
+
+WORKER_REPLACED = frozenset({"rollout_worker_died", "rollout_worker_hung"})
+"""A rollout worker replaced within a step: its ``seconds_lost`` count as lost time."""
 
 
 def effective_time(events: list[dict[str, Any]], step_s: dict[int, float]) -> dict[str, Any]:
@@ -43,10 +48,12 @@ def effective_time(events: list[dict[str, Any]], step_s: dict[int, float]) -> di
     ``steps_wasted`` (skipped or undone updates), ``steps`` and ``incidents`` (event counts by
     kind, lifecycle kinds left out). ETTR is 1.0 before any time is counted."""
     wasted: set[int] = set()
-    lost = 0.0
+    lost = in_steps = 0.0
     for event in events:
         kind = event["kind"]
-        if kind == "nonfinite" and event.get("action") == "skip":
+        if kind in WORKER_REPLACED:  # inside a step's time: lost, not productive
+            in_steps += event.get("seconds_lost", 0.0)
+        elif kind == "nonfinite" and event.get("action") == "skip":
             wasted.add(event["step"])
         elif kind == "rollback":
             undone = set(range(event.get("from_step", 0) + 1, event["step"] + 1))
@@ -54,8 +61,8 @@ def effective_time(events: list[dict[str, Any]], step_s: dict[int, float]) -> di
             wasted |= undone
     lost += _failure_time(events)
     wasted_s = sum(step_s.get(step, 0.0) for step in wasted)
-    productive = sum(step_s.values()) - wasted_s
-    lost += wasted_s
+    productive = max(0.0, sum(step_s.values()) - wasted_s - in_steps)
+    lost += wasted_s + in_steps
     recoveries = [e for e in events if e["kind"] == "recovered"]
     total = productive + lost
     return {

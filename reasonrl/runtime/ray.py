@@ -6,7 +6,7 @@
     rollout = RayGroup(build_rollout_worker, [(cfg, model_dir, None, 1)] * 2, "rollout", timeout_s=600,
                        concurrent=("offer_weights",), **reservation.options("rollout"))
     batch = rollout.submit_to(1, "generate", ...)        # concurrent.futures.Future, as LocalGroup's
-    broadcast(rollout, "offer_weights", update)          # one ray.put per version, one ref to every actor
+    rollout.submit("offer_weights", update)              # one ray.put per version, one ref to every actor
     ...
     rollout.close(); reservation.close(); cluster.close()
 
@@ -384,7 +384,12 @@ class RayGroup:
         return list(self._pids)
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
-        """Call ``method`` on every worker with the same arguments; one Future per worker, in order."""
+        """Call ``method`` on every worker with the same arguments; one Future per worker, in
+        order. With several workers each argument is put in the cluster once (:func:`put`) and
+        handed to every worker by reference: a version of the weights crosses once."""
+        if self.size > 1:
+            args = tuple(put(a) for a in args)
+            kwargs = {k: put(v) for k, v in kwargs.items()}
         return [self.submit_to(i, method, *args, **kwargs) for i in range(self.size)]
 
     def submit_to(self, index: int, method: str, *args: Any, **kwargs: Any) -> Future:
@@ -472,9 +477,3 @@ def put(obj: Any):
     names and shapes, reasonrl/types.py, so a version is one object, never one per parameter)."""
     return _connected().put(obj)
 
-
-def broadcast(group: RayGroup, method: str, update: Any) -> list[Future]:
-    """``group.submit(method, update)`` with ``update`` put in the cluster once and handed
-    by reference to every worker; the futures of the calls, in worker order. Timing is the
-    caller's (``timing_s/weight_sync``)."""
-    return group.submit(method, put(update))

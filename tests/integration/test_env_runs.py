@@ -42,7 +42,7 @@ def _run(tmp_path, *overrides):
 
 
 def test_a_text_gymnasium_env_trains_on_the_grpo_recipe(tmp_path):
-    run_dir, rows = _run(tmp_path, f"env.name={__name__}:EchoDigits", "env.max_turns=2", "env.workers=1")
+    run_dir, rows = _run(tmp_path, f"env.name={__name__}:EchoDigits", "env.max_turns=2", "runtime.roles.env.count=1")
     steps = [r for r in rows if "actor/grad_norm" in r]
     assert len(steps) == 3
     assert all(r["env/turns_mean"] == 2.0 for r in steps)  # two turns, the environment's tokens between them
@@ -52,9 +52,20 @@ def test_a_text_gymnasium_env_trains_on_the_grpo_recipe(tmp_path):
     assert (tmp_path / "run" / "final" / "config.json").is_file()
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_episodes_run_on_two_rollout_workers_each_episode_on_one(tmp_path, mode):
+    run_dir, rows = _run(tmp_path, f"env.name={__name__}:EchoDigits", "env.max_turns=2", "runtime.roles.env.count=1",
+                         "runtime.roles.rollout.count=2", f"rollout.mode={mode}", "runtime.roles.rollout.threads=1")
+    steps = [r for r in rows if "actor/grad_norm" in r]
+    assert len(steps) == 3 and all(r["env/turns_mean"] == 2.0 for r in steps)  # every episode ran its two turns
+    assert all(r["rollout/worker0/groups"] > 0 and r["rollout/worker1/groups"] > 0 for r in steps)
+    assert all(r["rollout/worker0/groups"] + r["rollout/worker1/groups"] == 4 for r in steps)  # a group, whole, on one worker
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
 def test_environments_that_hang_or_raise_end_their_episodes_as_failed_and_the_run_completes(tmp_path):
-    run_dir, rows = _run(tmp_path, "env.name=tests.env_fixtures:FlakyBySeed", "env.max_turns=1", "env.workers=2",
-                         "env.step_timeout_s=1.0")
+    run_dir, rows = _run(tmp_path, "env.name=tests.env_fixtures:FlakyBySeed", "env.max_turns=1", "runtime.roles.env.count=2",
+                         "runtime.roles.env.timeout_s=1.0")
     steps = [r for r in rows if "actor/grad_norm" in r]
     assert len(steps) == 3
     assert sum(r["env/failed"] for r in steps) > 0
@@ -62,7 +73,7 @@ def test_environments_that_hang_or_raise_end_their_episodes_as_failed_and_the_ru
     failed = [e for e in events if e["kind"] == "env_failed"]
     assert failed, "no env_failed event"
     errors = " ".join(error for e in failed for error in e["errors"])
-    assert "broken board" in errors and "took longer than env.step_timeout_s = 1s" in errors
+    assert "broken board" in errors and "took longer than runtime.roles.env.timeout_s = 1s" in errors
     assert (tmp_path / "run" / "final" / "config.json").is_file()
 
 

@@ -188,7 +188,7 @@ def test_broadcast_puts_an_update_once_and_every_worker_gets_it(cluster, monkeyp
         with pytest.raises(Refused, match="not today"):  # an exception type of the test's own
             group.call("refuse", "not today")
         update = WeightsUpdate(7, {"w": torch.randn(512, 512), "b": torch.arange(10), "h": torch.ones(3, dtype=torch.bfloat16)})
-        results = gather(rayrt.broadcast(group, "load_weights", update), 30, "rollout.load_weights")
+        results = gather(group.submit("load_weights", update), 30, "rollout.load_weights")
         assert len(puts) == 1
         for version, tensors in results:
             assert version == 7 and tensors.keys() == update.tensors.keys()

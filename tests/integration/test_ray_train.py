@@ -1,7 +1,8 @@
-"""Training with runtime.engine=ray on a local cluster: a seeded synchronous run ends with the
-local run's weights, the cluster listens on loopback only while it trains, and a killed rollout
-actor is replaced with no prompt lost or used twice (the DAPO recipe's run on Ray, killed and
-resumed, is in tests/e2e/test_recipes.py).
+"""Training with runtime.engine=ray on a local cluster: a seeded synchronous run with two rollout
+actors ends with the local run's weights, the cluster listens on loopback only while it trains,
+rollout-side faults act on Ray and name the worker, and a killed rollout actor is replaced with
+no prompt lost or used twice (the DAPO recipe's run on Ray, killed and resumed, is in
+tests/e2e/test_recipes.py).
 
 The Ray runs are ``reasonrl train`` processes of their own: the process that starts a local
 cluster must import ray itself, after setting its loopback-only switch."""
@@ -23,7 +24,7 @@ from reasonrl.config import load
 from reasonrl.controller import Controller
 from reasonrl.metrics import read_jsonl
 from tests.conftest import tiny_run
-from tests.integration.test_async import _assert_every_prompt_used_once, _rollout_pid, _wait_for, values
+from tests.integration.test_async import _assert_every_prompt_used_once, _rollout_pids, _wait_for, values
 from tests.ray_fixtures import is_loopback, listening_sockets, process_tree
 
 if importlib.util.find_spec("ray") is None:
@@ -46,7 +47,8 @@ def _finish(proc: subprocess.Popen, timeout_s: float = 300) -> None:
 
 
 def test_a_seeded_synchronous_ray_run_ends_with_the_local_runs_weights(model_dir, tmp_path):
-    common = ["run.threads=1", "rollout.threads=1", "algo.kl_loss_coef=0.01"]  # a reference actor too
+    common = ["run.threads=1", "runtime.roles.rollout.threads=1", "runtime.roles.rollout.count=2",
+              "algo.kl_loss_coef=0.01"]  # a reference actor too
     Controller(load("recipes/grpo.yaml", [*tiny_run(model_dir, tmp_path / "local", 4), *common])).run()
     _finish(_train("grpo", [*tiny_run(model_dir, tmp_path / "ray", 4), *common, "runtime.engine=ray"]))
     local, ray = (load_file(tmp_path / d / "final" / "model.safetensors") for d in ("local", "ray"))
@@ -56,31 +58,41 @@ def test_a_seeded_synchronous_ray_run_ends_with_the_local_runs_weights(model_dir
     rows = {d: read_jsonl(tmp_path / d / "metrics.jsonl") for d in ("local", "ray")}
     assert [values(r) for r in rows["local"]] == [values(r) for r in rows["ray"]]
     assert all(r["timing_s/weight_sync"] > 0 for r in rows["ray"])  # each version crossed to the actor
-    events = [e["kind"] for e in read_jsonl(tmp_path / "ray" / "events.jsonl")]
-    assert "rollout_started" in events and "rollout_died" not in events
+    events = read_jsonl(tmp_path / "ray" / "events.jsonl")
+    [started] = [e for e in events if e["kind"] == "rollout_started"]
+    assert len(set(started["pids"])) == 2 and not any(e["kind"].startswith("rollout_worker_") for e in events)
+    assert all(r["rollout/worker1/groups"] > 0 for r in rows["ray"])  # both actors served every step
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
 def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout_actor_loses_no_prompt(model_dir, tmp_path):
-    proc = _train("grpo", [*tiny_run(model_dir, tmp_path, 8), "run.threads=1", "rollout.threads=1",
-                           "runtime.engine=ray", "algo.dynamic_sampling=true", "algo.max_gen_batches=20"])
+    proc = _train("grpo", [*tiny_run(model_dir, tmp_path, 12), "run.threads=1", "runtime.roles.rollout.threads=1",
+                           "runtime.engine=ray", "algo.dynamic_sampling=true", "algo.max_gen_batches=20",
+                           "rollout.mode=async", "rollout.max_staleness=1", "algo.off_policy=tis",
+                           "runtime.roles.rollout.count=2", "runtime.roles.reward.count=1",
+                           "faults=[reward_error@2,slow@6:worker=1:factor=4]", "resilience.slow_window=4",
+                           "resilience.slow_min_s=0.005"])
     try:
-        actor = _rollout_pid(tmp_path, after_steps=3)
+        survivor, actor = _rollout_pids(tmp_path, after_steps=3)
         sockets = listening_sockets(process_tree(proc.pid))  # the trainer, GCS, raylet, agents, actors
         assert len(sockets) >= 5, sockets
         assert actor in {pid for pid, *_ in sockets}
         exposed = [s for s in sockets if not is_loopback(s[2])]
         assert not exposed, f"listening beyond loopback: {exposed}"
-        os.kill(actor, signal.SIGKILL)  # mid-run: its collect in flight is lost with it
-        _wait_for(lambda: any(e["kind"] == "rollout_restarted" for e in read_jsonl(tmp_path / "events.jsonl")), 120,
-                  "the rollout actor's restart")
+        os.kill(actor, signal.SIGKILL)  # mid-run: its groups in flight go to the other actor or its replacement
+        _wait_for(lambda: any(e["kind"] == "rollout_worker_died" for e in read_jsonl(tmp_path / "events.jsonl")), 120,
+                  "the rollout actor's replacement")
         _finish(proc)
     finally:
         proc.kill()
     events = read_jsonl(tmp_path / "events.jsonl")
-    assert [(e["kind"], e["pid"]) for e in events if e["kind"] in ("rollout_died", "rollout_timeout")] == [("rollout_died", actor)]
-    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 9))
+    assert [(e["kind"], e["worker"], e["pid"]) for e in events if e["kind"].startswith("rollout_worker_")] == [
+        ("rollout_worker_died", 1, actor)]
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 13))
     _assert_every_prompt_used_once(tmp_path)
+    assert any(e["kind"] == "reward_failed" and "injected reward error" in e["errors"][0] for e in events)
+    slow = [e for e in events if e["kind"] == "slowdown"]
+    assert slow and slow[0]["worker"] == 1 and slow[0]["stage"] == "gen"
 
 
 def test_a_cluster_that_does_not_answer_is_an_input_error_with_no_restart(model_dir, tmp_path):

@@ -368,7 +368,7 @@ def test_pool_timeout_kills_the_worker_and_the_pool_goes_on():
         start = time.monotonic()
         got = pool.step_many(["hang", "a", "a"])
         assert time.monotonic() - start < 3.0
-        assert got[0] == EnvFailure(0, "step() took longer than env.step_timeout_s = 0.5s", "timeout")
+        assert got[0] == EnvFailure(0, "step() took longer than runtime.roles.env.timeout_s = 0.5s", "timeout")
         assert got[1] == ("a 1", 0.0, False, False, {})
         assert got[2].kind == "died" and "replaced after slot 0's step() timed out" in got[2].message
         assert pool.replacements == 1 and not old.is_alive()
@@ -399,7 +399,7 @@ def test_pool_start_errors_are_input_errors_and_close_reaps_workers():
         EnvPool("grid", {"size": 1}, size=2, workers=1)
     with pytest.raises(InputError, match="Exploding': building it .* no GPU here"):
         EnvPool(f"{FIXTURES}:Exploding", size=1, workers=1)
-    with pytest.raises(InputError, match="env.step_timeout_s = 0"):
+    with pytest.raises(InputError, match="runtime.roles.env.timeout_s = 0"):
         EnvPool("grid", size=1, step_timeout_s=0)
     pool = EnvPool.from_config(EnvConfig(name="grid", workers=3), size=4)
     procs = [w.proc for w in pool._workers]
@@ -470,7 +470,7 @@ def test_env_check_reports_raising_and_hanging_envs():
     assert report.problems == ["seed 0: step() raised ValueError: boom (in 2 episodes)"]
     assert report.endings["failed"] == 2
     report = env_check(f"{FIXTURES}:Faulty", {"script": ["hang"]}, episodes=1, policy="scripted", step_timeout_s=0.5)
-    assert report.problems == ["seed 0: step() took longer than env.step_timeout_s = 0.5s"]
+    assert report.problems == ["seed 0: step() took longer than runtime.roles.env.timeout_s = 0.5s"]
 
 
 def test_env_check_needs_a_demonstration_for_the_scripted_policy():

@@ -62,3 +62,13 @@ def test_rollbacks_and_skipped_updates_are_wasted_steps():
 def test_step_seconds_keeps_each_steps_last_row_and_skips_validation_rows():
     rows = [{"step": 0, "val/acc": 0.3}, {"step": 1, "timing_s/step": 2.0}, {"step": 1, "timing_s/step": 2.5}]
     assert step_seconds(rows) == {1: 2.5}
+
+
+def test_a_replaced_rollout_worker_loses_its_seconds_inside_the_step():
+    events = [ev(0.0, "start", 0), ev(0.5, "rollout_started", 0, pids=[7, 8]),
+              ev(3.0, "rollout_worker_died", 2, worker=1, pid=7, seconds_lost=0.5),
+              ev(5.0, "rollout_worker_hung", 3, worker=0, pid=8, seconds_lost=1.5)]
+    out = effective_time(events, {1: 2.0, 2: 2.0, 3: 4.0})
+    # productive 8 - 0.5 - 1.5 = 6, lost 2: 6 / 8
+    assert out["ettr"] == 0.75 and out["lost_s"] == 2.0 and out["productive_s"] == 6.0
+    assert out["incidents"] == {"rollout_worker_died": 1, "rollout_worker_hung": 1}  # rollout_started is no incident

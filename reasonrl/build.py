@@ -30,9 +30,9 @@ from reasonrl.resilience.guards import SlowdownDetector
 from reasonrl.resilience.injection import FaultyPolicy, FaultyRewards, WorkerFaults
 from reasonrl.rollout.fleet import FLEET_CONCURRENT, RolloutFleet
 from reasonrl.rollout.source import AsyncSource, RolloutProducer
-from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
+from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, setup_torch
 from reasonrl.runtime.group import ThreadGroup
-from reasonrl.runtime.topology import Topology, spawn
+from reasonrl.runtime.topology import Topology, rank_threads, spawn
 from reasonrl.types import Prompt
 from reasonrl.warmstart import resolve_model_dir
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker
@@ -109,7 +109,7 @@ def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
         if world > 1:  # rank 0 here, the others beside it
             policy_group = launch_ranks(cfg, model_dir, run.run_dir, reservation=reservation)
             rank0 = policy_group.local
-            setup_torch(max(1, (cfg.run.threads or available_cores()) // world), cfg.run.deterministic)
+            setup_torch(rank_threads(cfg), cfg.run.deterministic)
             monitor = RankMonitor(run.run_dir / TRACE_DIR, world, run.events, cfg.resilience, cfg.runtime)
         else:
             rank0 = PolicyWorker(cfg, model_dir)
@@ -193,8 +193,8 @@ def ray_reservation(cfg: Config, topology: Topology, model_dir: Path):
     actors = topology.ray_actors()
     mapping = {}
     for name in actors:
-        spec = getattr(cfg.runtime.roles, name)
-        mapping[name] = {"cpus": spec.cpus, "gpus": spec.gpus, **({"colocate": spec.colocate} if spec.colocate != "none" else {})}
+        role = topology[name]
+        mapping[name] = {"cpus": role.cpus, "gpus": role.gpus, **({"colocate": role.colocate} if role.colocate else {})}
     plan = parse_placement(mapping).plan(actors)
     weights = ModelShape.from_model_dir(model_dir).parameters() * DTYPE_BYTES[cfg.model.dtype]
     cluster = connect(cfg.runtime, object_store_bytes=max(OBJECT_STORE_BYTES, 2 * weights + (64 << 20)))

@@ -3,9 +3,9 @@
 The estimate (:func:`estimate_memory`) adds up, for the configured model and batch, what one
 training process and its rollout side hold at their peak:
 
-    weights     N x b_p per model copy: the policy (whose module the synchronous sampler shares),
-                the reference (algo.kl_loss_coef > 0), the critic (algo.adv_estimator=gae),
-                the asynchronous rollout process's own copy (rollout.mode async or lockstep)
+    weights     N x b_p per model copy: the policy (whose module rollout workers colocated with it
+                share), the reference (algo.kl_loss_coef > 0), the critic (algo.adv_estimator=gae),
+                and each rollout worker's own copy when they have their own (runtime.roles.rollout)
     training    gradients N x b_p and AdamW's two moments 2 N x b_p, per trained model
     compute     bf16 copies of the weights, N x 2, while a forward runs (train.precision=bf16-mixed)
     generation  the key/value cache, rows x (prompt + response) x layers x 2 Hkv D x b_c (the
@@ -33,13 +33,14 @@ token and layer of the lean decoder's forward the saved tensors
       + 2 (H + Hkv) D b_p                the rotary embedding's operands
       + 3 I b_c                          gate, up and silu(gate) of the MLP
 
-Training and generation do not overlap in one process (the synchronous loop alternates them),
-so the peak is the larger of the two there; an asynchronous rollout process adds its own.
+Training and generation do not overlap in one process (at staleness 0 they alternate), so the
+peak is the larger of the two there; rollout workers with weights of their own each add their
+own (weights, runtime, and the cache of their share of the generation batch).
 
 :class:`PeakMemory` measures a step: the process's resident-set high-water mark on a CPU
 (``VmHWM``, reset through ``/proc/self/clear_refs`` at each step start), CUDA's peak allocated
-bytes on a GPU. It covers the training process (the rollout process of rollout.mode=async is
-another process).
+bytes on a GPU. It covers the training process (rollout workers in processes of their own are
+not in it).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reasonrl.config import Config
+from reasonrl.config.rules import rollout_shares_policy
 from reasonrl.errors import LimitError
 
 GB = 1024**3
@@ -148,7 +150,7 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
     response = cfg.env.max_tokens if cfg.env.name else r.max_new_tokens  # a trajectory holds every turn
     context = (prompt_len or cfg.data.max_prompt_len) + response
     critic = a.adv_estimator == "gae"
-    separate_rollout = r.mode != "sync"
+    workers = 0 if rollout_shares_policy(cfg) else cfg.runtime.roles.rollout.count  # with weights of their own
 
     weights = N * b_p * (1 + (a.kl_loss_coef > 0) + critic)
     training = 3 * N * b_p * (1 + critic)
@@ -167,15 +169,16 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
     head = max(tokens // context, 1) * response * shape.vocab * (b_c + 18)
     kernels = KERNEL_CACHE_BYTES if b_c == 2 and not cfg.run.device.startswith("cuda") else 0
     trainer_peak = weights + training + compute + RUNTIME_BYTES + kernels
-    if separate_rollout:  # its own process: weights, their compute copy, the cache, the runtime
-        rollout = N * b_p + compute + generation + RUNTIME_BYTES + kernels
+    if workers:  # processes of their own: weights, their compute copy, a share of the cache, the runtime
+        generation = math.ceil(generation / workers)  # the dispatch splits each generation batch
+        rollout = workers * (N * b_p + compute + generation + RUNTIME_BYTES + kernels)
         peak = trainer_peak + activations + head + rollout
     else:
         rollout = 0
         peak = trainer_peak + max(activations + head, generation)
     parts = {
         "weights": weights, "gradients+AdamW": training, "bf16 copies": compute, "generation": generation,
-        "activations": activations, "LM head": head, "rollout process": rollout - generation if rollout else 0,
+        "activations": activations, "LM head": head, "rollout workers": rollout - workers * generation if rollout else 0,
         "runtime": RUNTIME_BYTES, "kernel cache": kernels,
     }
     return MemoryEstimate(parts, peak, tokens, N)

@@ -70,6 +70,15 @@ def validate(cfg: Config) -> None:
 _ROLE_NAMES = ("policy", "reference", "critic", "rollout", "reward", "env")
 
 
+def rollout_shares_policy(cfg: Config) -> bool:
+    """Whether the rollout workers sample from the policy's own module (threads of the
+    controller's process): ``runtime.roles.rollout.colocate=policy``, or ``auto`` with
+    rollout.mode=sync, runtime.engine=local and a whole (not FSDP-sharded) module."""
+    colocate = cfg.runtime.roles.rollout.colocate
+    return colocate == "policy" or (colocate == "auto" and cfg.rollout.mode == "sync" and cfg.runtime.engine == "local"
+                                    and cfg.train.strategy != "fsdp")
+
+
 def _check_roles(cfg: Config) -> None:
     """``runtime.roles.<role>``: counts, threads, resources, timeouts and colocation."""
     roles = cfg.runtime.roles

@@ -166,11 +166,12 @@ class RolloutConfig:
     """backend=vllm: the longest prompt + response its cache must hold; null: the model's
     max_position_embeddings."""
     mode: Literal["sync", "async", "lockstep"] = "sync"
-    """'sync': each batch is generated when the trainer asks for it, with its current weights.
-    'async': a rollout process generates ahead with its own copy of the weights, within
-    max_staleness, taking up each new version before its next generation call. 'lockstep':
-    like async, but batch n is generated with exactly version max(0, n - max_staleness):
-    deterministic (tests, exact resume). At max_staleness 0 all three give the same run."""
+    """'sync': each batch is generated when the trainer asks for it, with its current weights
+    (lockstep at staleness 0). 'async': the rollout workers generate ahead with their own copy
+    of the weights, within max_staleness, taking up each new version before their next
+    generation call. 'lockstep': like async, but batch n is generated with exactly version
+    max(0, n - max_staleness): deterministic (tests, exact resume). At max_staleness 0 all
+    three give the same run."""
     max_staleness: int = 0
     """async/lockstep: the most versions a trained group may lag the trainer (train version -
     the oldest version among its tokens); older groups are dropped and counted. > 0 needs
@@ -466,8 +467,9 @@ class RoleConfig:
     count: int = 1
     """Workers of this role."""
     threads: int = 0
-    """torch threads of each worker in a process of its own; 0: the controller's count
-    (run.threads, or this machine's cores). On a small machine, split the cores."""
+    """torch threads of each worker in a process or actor of its own (rollout workers, trainer
+    ranks 1..N-1); 0: the controller's count (run.threads, or this machine's cores), divided
+    among the trainer ranks. On a small machine, split the cores."""
     cpus: float = 1.0
     """runtime.engine=ray: CPUs each worker's actor reserves."""
     gpus: float = 0.0
@@ -475,7 +477,8 @@ class RoleConfig:
     colocate: str = "none"
     """The role whose bundle these workers' actors share (runtime.engine=ray); 'none': their own."""
     timeout_s: float = 600.0
-    """Seconds a call to one of these workers may take before the worker counts as hung."""
+    """Seconds a call to one of these workers may take before the worker counts as hung (the
+    trainer ranks: a step's budget, plus runtime.collective_timeout_s)."""
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,9 @@ from reasonrl.errors import InputError
 from reasonrl.metrics import EventLog
 from reasonrl.resilience.faults import parse_faults
 from reasonrl.resilience.injection import FaultyRank
-from reasonrl.runtime import LocalGroup, ProcessGroup, available_cores, setup_torch
+from reasonrl.runtime import LocalGroup, ProcessGroup, setup_torch
 from reasonrl.runtime.ranks import RankGroup
+from reasonrl.runtime.topology import rank_threads, rank_timeout_s
 from reasonrl.workers.trainer_rank import TrainerRank
 
 TRACE_DIR = "trace"
@@ -76,8 +77,9 @@ def launch_ranks(cfg: Config, model_dir: str | Path, run_dir: str | Path, *, ran
     with a Ray ``reservation`` (:class:`~reasonrl.runtime.ray.Reservation`) each a Ray actor in
     its ``policy`` bundle (ranks 1..N-1 take bundles 0..N-2).
 
-    ``timeout_s`` bounds every call; default ``runtime.collective_timeout_s`` plus the step's
-    budget ``resilience.hang_timeout_s`` (600 s when that is 0). InputError when a rank fault
+    ``timeout_s`` bounds every call; default :func:`~reasonrl.runtime.topology.rank_timeout_s`
+    (``runtime.collective_timeout_s`` plus ``runtime.roles.policy.timeout_s``); each rank has
+    :func:`~reasonrl.runtime.topology.rank_threads` threads. InputError when a rank fault
     names a rank the run does not have.
     """
     world = cfg.runtime.trainer_ranks
@@ -86,8 +88,8 @@ def launch_ranks(cfg: Config, model_dir: str | Path, run_dir: str | Path, *, ran
             raise InputError(f"faults: {fault.spec} names trainer rank {fault.get('rank')}; runtime.trainer_ranks={world} "
                              f"has ranks 0..{world - 1}")
     if timeout_s is None:
-        timeout_s = cfg.runtime.collective_timeout_s + (cfg.resilience.hang_timeout_s or 600.0)
-    threads = max(1, (cfg.run.threads or available_cores()) // world)
+        timeout_s = rank_timeout_s(cfg)
+    threads = rank_threads(cfg)
 
     def launch(rank: int):
         if rank == 0 and rank0_here:

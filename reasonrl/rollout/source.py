@@ -14,14 +14,15 @@ or is negative (sampled by weights a rollback discarded), is dropped there and c
 
 :class:`AsyncSource` runs the producer on a thread of the trainer's process, beside the
 trainer; the rollout workers sample with their own copy of the weights (or, at staleness 0
-and placed inline, with the policy's own module). Admission is paced: with ``ahead`` the batches collected or in flight and not yet taken,
-  a new collect is submitted only while ``ahead + (1 while a taken batch is being trained)
-  <= max_staleness``, so a batch sampled at version v is trained at version v + max_staleness
-  at the latest. In ``async`` mode the newest weights are offered to the rollout process at
-  once and taken up before its next generation call; in ``lockstep`` mode each collect is
-  preceded by the weights it must use, so batch n is generated with exactly version
-  max(0, n - max_staleness): deterministic, as a resumed run needs. ``rollout.mode=sync`` is
-lockstep at staleness 0: one definition, in every runtime.
+and colocated with the policy, with the policy's own module). Admission is paced: with
+``ahead`` the batches collected or in flight and not yet taken, a new collect is submitted
+only while ``ahead + (1 while a taken batch is being trained) <= max_staleness``, so a batch
+sampled at version v is trained at version v + max_staleness at the latest. In ``async``
+mode the newest weights are offered to every rollout worker at once and taken up before its
+next generation call; in ``lockstep`` mode each collect is preceded by the weights it must
+use, so batch n is generated with exactly version max(0, n - max_staleness): deterministic,
+as a resumed run needs. ``rollout.mode=sync`` is lockstep at staleness 0: one definition, in
+every runtime.
 
 At ``max_staleness=0`` all three modes produce the same batches from the same seed.
 """

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reasonrl.config import Config
+from reasonrl.config.rules import rollout_shares_policy
 from reasonrl.errors import InputError
 from reasonrl.runtime.group import LocalGroup, ThreadGroup
 from reasonrl.runtime.process import ProcessGroup
@@ -98,22 +99,21 @@ def plan(cfg: Config) -> Topology:
     cores = cfg.run.threads or available_cores()
     out: dict[str, RolePlan] = {}
 
-    def add(role: str, where: str, count: int, detail: str = "", threads: int | None = None) -> None:
+    def add(role: str, where: str, count: int, detail: str = "", threads: int = 0, timeout_s: float | None = None) -> None:
         spec = getattr(roles, role)
         colocate = "" if spec.colocate in ("auto", "none") else spec.colocate
-        out[role] = RolePlan(role, where, count, spec.threads if threads is None else threads, spec.cpus, spec.gpus,
-                             colocate, spec.timeout_s, detail)
+        out[role] = RolePlan(role, where, count, threads, spec.cpus, spec.gpus, colocate,
+                             spec.timeout_s if timeout_s is None else timeout_s, detail)
 
     ranks = cfg.runtime.trainer_ranks
     add("policy", "inline" if ranks == 1 else remote, ranks,
-        "rank 0 in the controller's process" + (f", ranks 1..{ranks - 1} beside it" if ranks > 1 else ""))
+        "rank 0 in the controller's process" + (f", ranks 1..{ranks - 1} beside it" if ranks > 1 else ""),
+        threads=rank_threads(cfg) if ranks > 1 else 0, timeout_s=rank_timeout_s(cfg))
     for role, used in (("reference", cfg.algo.kl_loss_coef > 0), ("critic", cfg.algo.adv_estimator == "gae")):
         if used:
             add(role, "inline" if engine == "local" else "ray", 1)
     rollout = roles.rollout
-    shares = rollout.colocate == "policy" or (rollout.colocate == "auto" and cfg.rollout.mode == "sync" and engine == "local"
-                                              and cfg.train.strategy != "fsdp")
-    if shares:
+    if rollout_shares_policy(cfg):
         if cfg.rollout.max_staleness > 0:
             raise InputError(f"runtime.roles.rollout.colocate = policy: rollout workers sharing the policy's module "
                              f"sample from the weights being trained; with rollout.max_staleness = "
@@ -121,7 +121,7 @@ def plan(cfg: Config) -> Topology:
         if cfg.train.strategy == "fsdp":
             raise InputError("runtime.roles.rollout.colocate = policy: FSDP shards the policy's module, which a "
                              "rollout worker sharing it cannot sample from; set runtime.roles.rollout.colocate=none")
-        add("rollout", "thread", rollout.count, f"{cfg.rollout.backend} backend over the policy's own module", threads=0)
+        add("rollout", "thread", rollout.count, f"{cfg.rollout.backend} backend over the policy's own module")
         out["rollout"] = _replace_colocate(out["rollout"], "policy")
     else:
         add("rollout", remote, rollout.count, f"{cfg.rollout.backend} backend, weights of their own",
@@ -136,6 +136,18 @@ def plan(cfg: Config) -> Topology:
         else:
             add("env", "inline", 1, "stepped in each rollout worker; no time limit per step")
     return Topology(engine, out)
+
+
+def rank_threads(cfg: Config) -> int:
+    """torch threads of each trainer rank: ``runtime.roles.policy.threads``, else an equal part
+    of the controller's cores."""
+    return cfg.runtime.roles.policy.threads or max(1, (cfg.run.threads or available_cores()) // cfg.runtime.trainer_ranks)
+
+
+def rank_timeout_s(cfg: Config) -> float:
+    """How long a call to the trainer ranks may take: a collective's own timeout
+    (``runtime.collective_timeout_s``) on top of the step's budget (``runtime.roles.policy.timeout_s``)."""
+    return cfg.runtime.collective_timeout_s + cfg.runtime.roles.policy.timeout_s
 
 
 def _replace_colocate(p: RolePlan, colocate: str) -> RolePlan:

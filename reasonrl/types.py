@@ -46,7 +46,7 @@ class SamplingParams:
 
 @dataclass
 class RolloutBatch:
-    """What a Generator returns. Row ``i * n + j`` is sample j of prompt i.
+    """What a RolloutBackend returns. Row ``i * n + j`` is sample j of prompt i.
 
     prompt_ids:    [B, P] long, left-padded with the pad id
     prompt_mask:   [B, P] long, 1 on real prompt tokens

@@ -1,4 +1,5 @@
-"""``validate``: the single-key ranges and the rules that tie several keys of a Config together."""
+"""``validate``: the single-key ranges and the rules that tie several keys of a Config together.
+What a ``rollout.backend`` can do is read from one table, :data:`reasonrl.config.capabilities.BACKENDS`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from dataclasses import fields, is_dataclass
 from typing import Any, Callable, Iterator
 
+from reasonrl.config.capabilities import can, cannot
 from reasonrl.config.schema import Config, ConfigError
 
 
@@ -40,8 +42,10 @@ def validate(cfg: Config) -> None:
     _require(r.max_staleness == 0 or a.off_policy != "none", "rollout.max_staleness", r.max_staleness,
              "training on samples from older weights without a correction collapses (AReaL: AIME24 42.0 -> 23.3 "
              "at staleness 4); set algo.off_policy to bypass, tis or decoupled")
-    _require(not r.interrupt or (r.mode == "async" and r.backend == "fast"), "rollout.interrupt", r.interrupt,
-             f"partial rollouts need rollout.mode=async and rollout.backend=fast (got {r.mode!r}, {r.backend!r})")
+    _require(not r.interrupt or r.mode == "async", "rollout.interrupt", r.interrupt,
+             f"partial rollouts need rollout.mode=async (rollout.mode = {r.mode!r})")
+    _require(not r.interrupt or can(r.backend, "interrupts"), "rollout.backend", r.backend,
+             cannot("interrupts", f"rollout.interrupt = {r.interrupt!r}"))
     _require(a.off_policy != "bypass" or t.old_logprobs != "recompute", "train.old_logprobs", t.old_logprobs,
              "algo.off_policy=bypass takes the sampling log-probs as the anchor; recompute contradicts it")
     _require(a.off_policy not in ("tis", "decoupled") or t.old_logprobs != "rollout", "train.old_logprobs",
@@ -51,9 +55,7 @@ def validate(cfg: Config) -> None:
              "or train.precision=fp32 for pure low-precision parameters")
     e = cfg.env
     if e.name:
-        _require(r.backend != "vllm", "rollout.backend", r.backend,
-                 f"multi-turn episodes (env.name = {e.name!r}) continue each sequence with the environment's tokens, "
-                 "which the fast and hf backends do; set rollout.backend=fast")
+        _require(can(r.backend, "continues"), "rollout.backend", r.backend, cannot("continues", f"env.name = {e.name!r}"))
         _require(not r.interrupt, "rollout.interrupt", r.interrupt,
                  f"an episode (env.name = {e.name!r}) is not interrupted by new weights; set rollout.interrupt=false")
     _require(_compiles(e.tool_call_pattern) and re.compile(e.tool_call_pattern).groups >= 1,

@@ -1,15 +1,18 @@
-"""The Generator protocol: every rollout backend turns token prompts into a RolloutBatch."""
+"""The RolloutBackend protocol: every rollout backend turns token prompts into a RolloutBatch
+and declares what else it can do (its row of :data:`reasonrl.config.capabilities.BACKENDS`)."""
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from dataclasses import fields
+from typing import Callable, Protocol, Sequence, TypeVar
 
 import torch
 
+from reasonrl.config.capabilities import BACKENDS, Capabilities
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams
 
 
-class Generator(Protocol):
+class RolloutBackend(Protocol):
     """Samples ``n`` responses for each prompt.
 
     ``prompts`` are token id lists (no padding). The result's row ``i * n + j`` is sample
@@ -17,15 +20,25 @@ class Generator(Protocol):
     else a ValueError): sample j of group i draws its ``t``-th token with
     ``uniforms(row seed (seeds[i], j), t)`` (:mod:`reasonrl.rollout.seeds`), so a group's
     samples are the same whichever worker serves it and whatever else shares the call.
-    Streaming backends also have ``generate_stream(prompts, n, params, seeds, on_groups_done)``.
+
+    The capability attributes below are declared in one table,
+    :data:`reasonrl.config.capabilities.BACKENDS`, which the config rules read too; a backend
+    class takes its row with :func:`declares`.
     """
 
+    continues: bool
+    """True when a multi-turn session continues a sequence with an environment's tokens
+    (``start(prompts, n, capacity, rows, eos_ids) -> Continuation``; ``env.name`` needs it)."""
+    interrupts: bool
+    """True when a generation can be interrupted by new weights and go on with them
+    (``rollout.interrupt``: :class:`~reasonrl.rollout.partial.PartialRollouts` wraps it)."""
+    streams: bool
+    """True when it also has ``generate_stream(prompts, n, params, seeds, on_groups_done)``
+    (groups reported as they complete, early stop)."""
     trainer_numerics: bool
     """True when sampling runs the trainer's own forward code over the weights (the built-in
     ``fast`` and ``hf`` backends): in fp32 the sampling log-probs are then the trainer's
     (``train.old_logprobs=auto`` reuses them). False for another engine (vLLM)."""
-    streams: bool
-    """True when it also has ``generate_stream`` (groups reported as they complete, early stop)."""
 
     def generate(
         self,
@@ -47,6 +60,22 @@ def generate_for(generator, prompts: list[Prompt], ids: list[list[int]], n: int,
     if getattr(generator, "episodic", False):
         return generator.generate(ids, n, params, seeds, states=prompts)
     return generator.generate(ids, n, params, seeds)
+
+
+_Class = TypeVar("_Class", bound=type)
+
+
+def declares(backend: str) -> Callable[[_Class], _Class]:
+    """Class decorator: the class is ``rollout.backend=<backend>`` and takes the capability
+    attributes of that row of :data:`~reasonrl.config.capabilities.BACKENDS`."""
+    row = BACKENDS[backend]
+
+    def apply(cls: _Class) -> _Class:
+        for f in fields(Capabilities):
+            setattr(cls, f.name, getattr(row, f.name))
+        return cls
+
+    return apply
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ import torch
 
 from reasonrl.models.decoder import KVCache, LeanDecoder
 from reasonrl.errors import InputError
-from reasonrl.rollout.base import copy_weights
+from reasonrl.rollout.base import copy_weights, declares
 from reasonrl.rollout.hf import (
     Continuation,
     Turn,
@@ -112,6 +112,7 @@ def capture_graph(fn: Callable[[], None], device: torch.device) -> torch.cuda.CU
     return graph
 
 
+@declares("fast")
 class FastGenerator:
     """Rollouts with a hand-written batched decode loop over the trainer's own decoder.
 
@@ -127,9 +128,6 @@ class FastGenerator:
     ``t``-th token with ``uniforms(row seed, t)`` (:mod:`reasonrl.rollout.seeds`), so they
     give the same tokens wherever their logits agree. A row ends on any of ``eos_ids``.
     """
-
-    trainer_numerics = True
-    streams = True
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_ids: int | Sequence[int],
                  static_shapes: bool | None = None) -> None:
@@ -152,7 +150,7 @@ class FastGenerator:
         params: SamplingParams,
         seeds: Sequence[int],
     ) -> RolloutBatch:
-        """Sample ``n`` responses per prompt; see :class:`~reasonrl.rollout.base.Generator`.
+        """Sample ``n`` responses per prompt; see :class:`~reasonrl.rollout.base.RolloutBackend`.
 
         All randomness comes from ``seeds`` (one per prompt group): a group's tokens do not
         depend on the other prompts of the call, and the global RNG is untouched.

@@ -19,7 +19,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import torch
 
-from reasonrl.rollout.base import copy_weights
+from reasonrl.rollout.base import copy_weights, declares
 from reasonrl.rollout.seeds import check_seeds, row_seeds, uniforms
 from reasonrl.types import RolloutBatch, SamplingParams
 
@@ -314,6 +314,7 @@ class HFContinuation(Continuation):
             self.sequences[r] += tokens
 
 
+@declares("hf")
 class HFGenerator:
     """Rollouts with any ``transformers`` causal LM (CPU or GPU): its forward over the
     left-padded prompts, then one token per live row and step over its key/value cache (an
@@ -324,9 +325,6 @@ class HFGenerator:
     then sees every update at once), or a copy that :meth:`load_weights` refreshes. The
     returned tensors live on the model's device. A sample ends on any of ``eos_ids``.
     """
-
-    trainer_numerics = True
-    streams = False
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_ids: int | Sequence[int]) -> None:
         self.model = model
@@ -343,7 +341,7 @@ class HFGenerator:
         params: SamplingParams,
         seeds: Sequence[int],
     ) -> RolloutBatch:
-        """Sample ``n`` responses per prompt; see :class:`~reasonrl.rollout.base.Generator`.
+        """Sample ``n`` responses per prompt; see :class:`~reasonrl.rollout.base.RolloutBackend`.
 
         Log-probs are ``log_softmax(raw logits / temperature)`` of the chosen tokens
         (temperature 1 for greedy), before top-k / top-p truncation. The global RNG is not used.

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from reasonrl.config.capabilities import BACKENDS
 from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
 from reasonrl.rollout.hf import inference, is_eos, pad_prompts
 from reasonrl.rollout.seeds import check_seeds, row_seeds
@@ -52,8 +53,10 @@ class PartialRollouts:
     ``version()``: the version of the weights loaded now.
     """
 
-    trainer_numerics = True
+    continues = False  # no start(): the rules refuse env.name with rollout.interrupt
+    interrupts = True
     streams = True
+    trainer_numerics = BACKENDS["fast"].trainer_numerics
 
     def __init__(self, fast: FastGenerator, pending: Callable[[], bool], reload: Callable[[], None], version: Callable[[], int]) -> None:
         self.fast, self.pending, self.reload, self.version = fast, pending, reload, version
@@ -62,7 +65,7 @@ class PartialRollouts:
         self.fast.load_weights(tensors)
 
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int]) -> RolloutBatch:
-        """``n`` samples per prompt; see :class:`~reasonrl.rollout.base.Generator`."""
+        """``n`` samples per prompt; see :class:`~reasonrl.rollout.base.RolloutBackend`."""
         return self.generate_stream(prompts, n, params, seeds, lambda groups, rows: False).batch
 
     def generate_stream(

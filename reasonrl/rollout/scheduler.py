@@ -90,7 +90,7 @@ class Sample:
 class RolloutScheduler:
     """Collects a train batch of ``want_groups`` groups of ``n`` scored samples.
 
-    generator:         a Generator; used in streaming mode when its ``streams`` is True
+    generator:         a RolloutBackend; used in streaming mode when its ``streams`` is True
     score:             ``score(rollout, prompts) -> ScoredBatch`` (e.g. ``RewardWorker.score``)
     n, params:         samples per prompt and how to sample
     want_groups:       groups in the returned batch (``train.prompts_per_step``)

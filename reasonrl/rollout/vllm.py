@@ -26,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from reasonrl.rollout.base import declares
 from reasonrl.rollout.hf import assemble, eos_tuple, pad_prompts
 from reasonrl.rollout.seeds import check_seeds, row_seeds
 from reasonrl.types import RolloutBatch, SamplingParams
@@ -45,6 +46,7 @@ def import_vllm():
     return vllm
 
 
+@declares("vllm")
 class VLLMGenerator:
     """Rollouts with a vLLM engine whose weights follow the versions :meth:`load_weights` gives it.
 
@@ -56,9 +58,6 @@ class VLLMGenerator:
     ``max_position_embeddings``). A sample ends on any of ``eos_ids`` (vLLM's ``stop_token_ids``,
     the stop token kept in the output as the built-in backends keep it).
     """
-
-    trainer_numerics = False  # its own kernels
-    streams = False
 
     def __init__(
         self,
@@ -105,7 +104,7 @@ class VLLMGenerator:
         seeds: Sequence[int],
     ) -> RolloutBatch:
         """Sample ``n`` responses per prompt with the weights last loaded; see
-        :class:`~reasonrl.rollout.base.Generator`. One request per row, seeded with the row's
+        :class:`~reasonrl.rollout.base.RolloutBackend`. One request per row, seeded with the row's
         seed (:func:`~reasonrl.rollout.seeds.row_seeds` of ``seeds``, one per prompt group):
         a group gets the same tokens whatever else is in the call (vLLM's own random stream,
         not the built-in backends' uniforms)."""

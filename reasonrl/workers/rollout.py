@@ -10,6 +10,7 @@ from typing import Sequence
 import torch
 
 from reasonrl.config import Config
+from reasonrl.config.capabilities import can
 from reasonrl.models.loading import load_eos_ids, load_model, load_tokenizer
 from reasonrl.env.pool import EnvPool
 from reasonrl.precision import compute_context
@@ -49,11 +50,12 @@ def episode_slots(cfg: Config) -> int:
 
 
 def trainer_numerics(cfg: Config) -> bool:
-    """Whether sampling runs the trainer's own numerics: a built-in backend (fast, hf) in fp32,
-    whose sampling log-probs equal the trainer's for the same weights. Not in bf16 (pure or
+    """Whether sampling runs the trainer's own numerics: a backend with the ``trainer_numerics``
+    capability (:data:`~reasonrl.config.capabilities.BACKENDS`: fast, hf) in fp32, whose
+    sampling log-probs equal the trainer's for the same weights. Not in bf16 (pure or
     ``train.precision=bf16-mixed``): a decode step and a scoring pass round their bf16 products
     differently."""
-    return cfg.rollout.backend != "vllm" and cfg.model.dtype == "float32" and cfg.train.precision == "fp32"
+    return can(cfg.rollout.backend, "trainer_numerics") and cfg.model.dtype == "float32" and cfg.train.precision == "fp32"
 
 
 class RolloutWorker:
@@ -152,7 +154,7 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int],
                  states: list[Prompt] | None = None) -> RolloutBatch:
         """``n`` samples per prompt, sampled with ``seeds`` (one per prompt group; see
-        :class:`~reasonrl.rollout.base.Generator`), versions tagged; episodes
+        :class:`~reasonrl.rollout.base.RolloutBackend`), versions tagged; episodes
         (:class:`~reasonrl.rollout.agent_loop.AgentLoop`) from the initial states ``states``
         when :attr:`episodic`."""
         self._load_offered()

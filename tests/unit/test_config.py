@@ -165,7 +165,7 @@ def test_missing_recipe(tmp_path):
             ["rollout.mode=async", "rollout.max_staleness=2"],
             "rollout.max_staleness = 2: training on samples from older weights without a correction collapses",
         ),
-        (["rollout.interrupt=true"], "rollout.interrupt = True: partial rollouts need rollout.mode=async and rollout.backend=fast"),
+        (["rollout.interrupt=true"], "rollout.interrupt = True: partial rollouts need rollout.mode=async (rollout.mode = 'sync')"),
         (["runtime.roles.rollout.count=0"], "runtime.roles.rollout.count = 0: must be >= 1"),
         (["runtime.roles.reference.count=2"], "runtime.roles.reference.count = 2: must be 1 (a run has one reference)"),
         (["runtime.roles.policy.count=2"], "runtime.roles.policy.count = 2: must be 1 (the policy's ranks are runtime.trainer_ranks)"),
@@ -330,3 +330,66 @@ def test_every_refusal_left_in_the_rules_is_about_a_value_or_a_backend():
         "train.strategy",
     ]), refused
     assert not re.search(r"rollout_workers|reward_workers|runtime\.engine|faults", source)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (
+        ["rollout.mode=async", "rollout.interrupt=true", "rollout.backend=hf"],
+        "rollout.backend = 'hf': cannot be interrupted by new weights and go on with them "
+        "(rollout.interrupt = True needs a backend that can: fast)",
+    ),
+    (
+        ["rollout.mode=async", "rollout.interrupt=true", "rollout.backend=vllm"],
+        "rollout.backend = 'vllm': cannot be interrupted by new weights and go on with them "
+        "(rollout.interrupt = True needs a backend that can: fast)",
+    ),
+    (
+        ["env.name=grid", "rollout.backend=vllm"],
+        "rollout.backend = 'vllm': cannot continue a sequence with an environment's tokens "
+        "(env.name = 'grid' needs a backend that can: fast, hf)",
+    ),
+])
+def test_a_backend_is_refused_what_its_row_of_the_capability_table_lacks(overrides, expected):
+    assert error(None, overrides) == f"command line: {expected}"
+
+
+@pytest.mark.parametrize("overrides", [
+    ["rollout.mode=async", "rollout.interrupt=true", "rollout.backend=fast"],
+    ["env.name=grid", "rollout.backend=fast"],
+    ["env.name=grid", "rollout.backend=hf"],
+])
+def test_a_backend_with_the_capability_is_accepted(overrides):
+    validate(load(None, overrides))
+
+
+def test_the_backend_refusals_follow_the_table(monkeypatch):
+    """The rules hold no backend fact of their own: give vllm a row that continues and
+    interrupts, and the rules accept it; take them from fast, and they refuse it."""
+    from reasonrl.config import capabilities as C
+
+    monkeypatch.setitem(C.BACKENDS, "vllm", C.Capabilities(continues=True, interrupts=True, streams=False, trainer_numerics=False))
+    monkeypatch.setitem(C.BACKENDS, "fast", C.Capabilities(continues=False, interrupts=False, streams=True, trainer_numerics=True))
+    validate(load(None, ["env.name=grid", "rollout.backend=vllm"]))
+    validate(load(None, ["rollout.mode=async", "rollout.interrupt=true", "rollout.backend=vllm"]))
+    assert "(env.name = 'grid' needs a backend that can: hf, vllm)" in error(None, ["env.name=grid"])
+    assert "rollout.backend = 'fast': cannot be interrupted" in error(None, ["rollout.mode=async", "rollout.interrupt=true"])
+
+
+def test_the_capability_table_covers_every_backend_choice_and_capability():
+    import typing
+
+    from reasonrl.config import RolloutConfig
+    from reasonrl.config.capabilities import BACKENDS, CAPABILITIES, Capabilities
+
+    assert set(BACKENDS) == set(typing.get_args(typing.get_type_hints(RolloutConfig)["backend"]))
+    assert set(CAPABILITIES) == {f.name for f in dataclasses.fields(Capabilities)}
+
+
+def test_the_config_package_imports_neither_torch_nor_the_rollout_package():
+    import subprocess
+    import sys
+
+    code = ("import sys, reasonrl.config, reasonrl.config.capabilities; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('reasonrl.rollout')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

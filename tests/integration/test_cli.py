@@ -95,6 +95,20 @@ def test_a_dry_run_checks_everything_prints_the_plan_and_writes_nothing(capsys, 
     assert not run.exists()
 
 
+def test_a_dry_run_prints_where_every_role_runs_one_line_each(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    code, out, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), "runtime.engine=ray",
+                           "runtime.roles.rollout.count=2", "algo.kl_loss_coef=0.01")
+    assert code == 0, err
+    roles = out[out.index("\nroles\n") + 7:].splitlines()
+    assert [line.split()[0] for line in roles] == ["policy", "reference", "rollout", "reward"]
+    assert roles[1].split()[1:3] == ["ray", "x1"] and roles[2].split()[1:3] == ["ray", "x2"]
+    assert "1 cpu, 0 gpu each" in roles[2] and not run.exists()
+    code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), "rollout.mode=async",
+                         "rollout.max_staleness=1", "algo.off_policy=tis", "runtime.roles.rollout.colocate=policy")
+    assert code == 2 and "runtime.roles.rollout.colocate = policy" in err
+
+
 def test_a_normal_train_runs_the_same_checks_before_loading_anything(capsys, model_dir, tmp_path):
     run = tmp_path / "run"
     code, _, err = _main(capsys, "train", "grpo", "--no-supervisor", *tiny_run(model_dir, run, 2), "rollout.max_new_tokens=250")

@@ -22,16 +22,16 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 
 from reasonrl import algo
 from reasonrl.build import RunContext, build
-from reasonrl.checkpoint import CheckpointWriteError, ProcessRNG, StateRegistry, find_latest, list_checkpoints, load_checkpoint
-from reasonrl.config import Config, config_hash, dump
-from reasonrl.data.sources import source_name
-from reasonrl.errors import LimitError, ResumeError, error_line
+from reasonrl.checkpoint import ProcessRNG, StateRegistry
+from reasonrl.checkpoint.checkpointer import Checkpointer
+from reasonrl.config import Config, dump
+from reasonrl.errors import LimitError
 from reasonrl.loggers import check_loggers, open_loggers
 from reasonrl.memory import PeakMemory
 from reasonrl.metrics import EventLog, MetricsSink, Sample, StepLog, logging_step, read_jsonl, timed
@@ -104,16 +104,8 @@ class Controller:
         self.step_count = 0
         self.version = 0
         """The policy version the next batch is trained from (the last one published)."""
-        self.updates_applied = 0
-        """Steps whose update was applied and not undone by a rollback (checkpointed)."""
         self.stopped_by: int | None = None
         """The signal (SIGINT, SIGTERM) that stopped ``run()`` early, if one did."""
-        self.data_changed: str | None = None
-        """The fingerprint of the checkpoint's data when it differs and resume.allow_data_change allowed it."""
-        self.resumed_from: Path | None = None
-        """The checkpoint ``resume()`` loaded, if any."""
-        self.skipped_checkpoints: list = []
-        """Newer checkpoints ``resume()`` found invalid (logged once the resume check passed)."""
         self.faults = parse_faults(list(cfg.faults)).bind(self.run_dir)
         r = cfg.resilience
         self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
@@ -139,13 +131,19 @@ class Controller:
         self.rank_monitor = self.roles.rank_monitor
         """Names a slow or stuck trainer rank from the collectives' trace (several ranks)."""
         self.trainer_numerics = trainer_numerics(cfg)
-        self.registry = self._registry()
-        self.writer = checkpoint_writer(self.run_dir / "checkpoints", cfg.checkpoint.keep, self.faults)
-
-    def _registry(self) -> StateRegistry:
-        """What a checkpoint holds, in restore order (the config check first)."""
         registry = StateRegistry()
-        registry.add("controller", self)
+        self.checkpoints = Checkpointer(cfg, self.run_dir, registry, checkpoint_writer(
+            self.run_dir / "checkpoints", cfg.checkpoint.keep, self.faults), self.events, self.fingerprint, log,
+            beat=self._beat, initial=str(self.model_dir))
+        """Save, resume, roll back; its state (the config check) is the first the registry restores."""
+        self._register(registry)
+
+    def _beat(self, stage: str) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat(stage)
+
+    def _register(self, registry: StateRegistry) -> None:
+        """What a checkpoint holds besides the run's own state, in restore order."""
         registry.add("policy", _Role(self.policy), rollback=True)
         if self.critic is not None:
             registry.add("critic", _Role(self.critic), rollback=True)
@@ -156,7 +154,6 @@ class Controller:
         registry.add("spikes", self.spikes)
         registry.add("slow", self.slow)
         registry.add("rng", ProcessRNG())
-        return registry
 
     # ---------------------------------------------------------------- one step
     def step(self) -> dict[str, float]:
@@ -286,26 +283,10 @@ class Controller:
         finite = self.policy.call("params_finite")[0]
         verdict = self.nonfinite.check(step, actor["loss"], actor["grad_norm"], finite)
         if verdict == "ok":
-            self.updates_applied += 1
+            self.checkpoints.updates_applied += 1
         spiked = [name for name in ("grad_norm", "loss") if self.spikes.update(f"actor/{name}", step, actor[name])]
         if verdict == "rollback" or (spiked and self.cfg.resilience.spike_rollback):
-            self.rollback(step, reason="non-finite updates" if verdict == "rollback" else f"spike in {', '.join(spiked)}")
-
-    def rollback(self, step: int, reason: str) -> None:
-        """Restore the weights and optimizers from the newest valid checkpoint (or the initial
-        weights), keeping the step counter, sampler and RNG: the offending batches are skipped."""
-        began = time.time()
-        path = find_latest(self.run_dir / "checkpoints")
-        if path is None:
-            for role in self.registry.rollback_entries:
-                role.reset()
-            from_step, self.updates_applied = 0, 0
-        else:
-            from_step, tensors, state = load_checkpoint(path)
-            self.registry.restore(tensors, state, rollback=True)
-            self.updates_applied = state["controller"]["updates_applied"]
-        self.events.emit("rollback", step, reason=reason, to=str(path or self.model_dir), from_step=from_step,
-                         recover_s=time.time() - began)
+            self.checkpoints.rollback(step, "non-finite updates" if verdict == "rollback" else f"spike in {', '.join(spiked)}")
 
     def advantages(self, scored, mask: torch.Tensor, values: torch.Tensor | None):
         """(advantages [B, T], returns [B, T] or None) for algo.adv_estimator."""
@@ -344,9 +325,10 @@ class Controller:
         (every step skipped or rolled back) is a LimitError and exports nothing."""
         cfg = self.cfg
         try:
-            resumed = self.resume()
+            self.step_count = self.checkpoints.resume()
+            resumed = self.checkpoints.resumed_from is not None
             dump(cfg, self.run_dir / "config.yaml")  # only now: a refused resume writes nothing
-            self._emit_resume(resumed)
+            self.checkpoints.emit_resume(self.step_count)
             self.publish()  # the rollout side starts from the trainer's weights
             sink = MetricsSink(self.run_dir, cfg.train.total_steps, progress=cfg.run.progress,
                                log_every=cfg.run.log_every, loggers=open_loggers(cfg, self.run_dir))
@@ -387,8 +369,8 @@ class Controller:
                                   self.val_samples if "val/acc" in metrics else [])
                 prompts.log(self.step_count, self.last_record)
                 last.update(metrics)
-                if self.checkpoint_due(last_checkpoint) or stop.signum:
-                    self.checkpoint(final=self.step_count == cfg.train.total_steps)
+                if self.checkpoints.due(self.step_count, last_checkpoint) or stop.signum:
+                    self.checkpoints.save(self.step_count, final=self.step_count == cfg.train.total_steps)
                     last_checkpoint = time.time()
             if self.step_count >= cfg.train.total_steps:
                 self.events.emit("rollout_leftover", self.step_count, **self.source.leftover())
@@ -404,7 +386,7 @@ class Controller:
                 samples.close()
             self.close()
         if self.step_count >= cfg.train.total_steps:
-            if self.updates_applied == 0:
+            if self.checkpoints.updates_applied == 0:
                 raise LimitError(
                     f"{self.run_dir}: no update was applied in {self.step_count} steps (every one was skipped as "
                     f"non-finite or rolled back; see {self.events.path}); final/ is not exported. Check train.lr, "
@@ -423,31 +405,6 @@ class Controller:
             sink.log_samples(step, logger_samples(train, r.log_samples))
         if r.log_samples and val:
             sink.log_samples(step, logger_samples(val, r.log_samples, first_of_each=True), "val_samples")
-
-    def _emit_resume(self, resumed: bool) -> None:
-        """The events of a resume that passed its check (nothing is written before it)."""
-        for info in self.skipped_checkpoints:
-            self.events.emit("checkpoint_skipped", info.step, path=str(info.path), reason=info.reason)
-        if self.data_changed is not None:
-            self.events.emit("data_changed", self.step_count, fingerprint=self.fingerprint, checkpoint=self.data_changed)
-        if resumed:
-            self.events.emit("resume", self.step_count, from_step=self.step_count, path=str(self.resumed_from))
-            self.log(f"resumed from {self.resumed_from} (step {self.step_count})")
-            if self.step_count >= self.cfg.train.total_steps:
-                self.log(f"{self.run_dir}: the run is already complete ({self.step_count} of {self.cfg.train.total_steps} "
-                         "steps); nothing to train (raise train.total_steps to go on)")
-        else:
-            self.events.emit("resume", 0, from_step=0, path=None)
-
-    def checkpoint_due(self, last_checkpoint: float) -> bool:
-        """After a step: every checkpoint.every_steps steps, every checkpoint.every_minutes
-        minutes of training, and at the last step."""
-        c = self.cfg.checkpoint
-        return (
-            self.step_count == self.cfg.train.total_steps
-            or (c.every_steps > 0 and self.step_count % c.every_steps == 0)
-            or (c.every_minutes > 0 and time.time() - last_checkpoint >= 60 * c.every_minutes)
-        )
 
     def _heartbeat(self):
         """(watchdog, stage heartbeat): the hang watchdog (``resilience.hang_timeout_s``), and
@@ -469,79 +426,6 @@ class Controller:
         """``ettr``, ``time_lost_s`` and ``mttr_s`` so far (:mod:`reasonrl.resilience.ettr`)."""
         figures = effective_time(read_jsonl(self.events.path) if self.events.path.exists() else [], step_s)
         return {"ettr": figures["ettr"], "time_lost_s": figures["lost_s"], "mttr_s": figures["mttr_s"]}
-
-    # ---------------------------------------------------------------- checkpoints
-    def checkpoint(self, final: bool) -> None:
-        """Save the registry. A failed write (disk full, permissions, the serialiser) leaves the
-        previous checkpoints intact and is a ``checkpoint_failed`` event with its cause in words;
-        training goes on. The final one is tried checkpoint.final_retries times (waiting 1 s,
-        2 s, ...) and then a LimitError."""
-        attempts = self.cfg.checkpoint.final_retries if final else 1
-        for attempt in range(1, attempts + 1):
-            if self.watchdog is not None:
-                self.watchdog.beat("checkpoint")
-            try:
-                path = self.writer.save(self.step_count, *self.registry.capture())
-            except CheckpointWriteError as err:
-                self.events.emit("checkpoint_failed", self.step_count, error=str(err), cause=err.cause, attempt=attempt,
-                                 final=final)
-                print(f"reasonrl: {err}; the previous checkpoint is intact", file=sys.stderr)
-                if attempt == attempts:
-                    if final:
-                        raise LimitError(f"the final checkpoint could not be written in {attempts} attempts ({err.cause}): "
-                                         f"{err}; the previous checkpoint is intact and a rerun resumes from it") from err
-                    return
-                time.sleep(2 ** (attempt - 1))
-                continue
-            self.events.emit("checkpoint", self.step_count, path=str(path))
-            return
-
-    def resume(self) -> bool:
-        """Load the newest valid committed checkpoint, if any; refuse an incompatible config or
-        changed data (ResumeError) before anything is restored or written."""
-        root = self.run_dir / "checkpoints"
-        self.skipped_checkpoints = [i for i in list_checkpoints(root) if not i.valid] if root.exists() else []
-        path = find_latest(root) if root.exists() else None
-        self.resumed_from = path
-        if path is None:
-            return False
-        step, tensors, state = load_checkpoint(path)
-        if "controller" not in state:
-            raise ResumeError(f"{path}: written by an older reasonrl (no 'controller' state); use a new run.dir")
-        try:
-            self.registry.restore(tensors, state)
-        except (RuntimeError, KeyError, ValueError) as err:  # in memory: a restart would meet it again
-            raise ResumeError(f"{path}: does not fit this run ({error_line(err)}); it was written for another model "
-                              "(another model.path, or a warm start of another reasonrl version); use a new run.dir") from err
-        self.step_count = step
-        return True
-
-    def state_dict(self) -> dict[str, Any]:
-        """``config_hash`` and ``data_fingerprint``: a resume must match them;
-        ``updates_applied``: the count of updates that stand."""
-        return {"config_hash": config_hash(self.cfg), "data_fingerprint": self.fingerprint,
-                "updates_applied": self.updates_applied}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["config_hash"] != config_hash(self.cfg):
-            raise ResumeError(
-                f"{self.run_dir}: the checkpoint was written with a different configuration "
-                f"(hash {state['config_hash'][:12]} vs {config_hash(self.cfg)[:12]}); only run.dir, run.progress, run.threads, "
-                "run.log_*, run.loggers, run.wandb_*, train.total_steps, eval.every_steps, checkpoint.*, resume.*, resilience.* "
-                "and runtime.roles.* may change on resume. Use a new run.dir."
-            )
-        if "data_fingerprint" not in state or "updates_applied" not in state:
-            raise ResumeError(f"{self.run_dir}: the checkpoint was written by an older reasonrl (no data fingerprint); "
-                              "use a new run.dir")
-        if state["data_fingerprint"] != self.fingerprint:
-            if not self.cfg.resume.allow_data_change:
-                raise ResumeError(
-                    f"{self.run_dir}: the training data differs from the data the checkpoint was trained on "
-                    f"({source_name(self.cfg.data.source)}: fingerprint {self.fingerprint[:12]}, checkpoint {state['data_fingerprint'][:12]}); "
-                    "to continue on the new data anyway, add resume.allow_data_change=true; otherwise use a new run.dir")
-            self.data_changed = state["data_fingerprint"]
-        self.updates_applied = int(state["updates_applied"])
-
 
 def batch_metrics(batch: TrainBatch) -> dict[str, float]:
     """Rewards, advantages, lengths and accuracy of the train batch (verl names)."""

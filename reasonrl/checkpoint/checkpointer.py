@@ -1,0 +1,162 @@
+"""One run directory's checkpoints: save, resume, roll back, and the check that a checkpoint
+belongs to this run.
+
+    ckpt = Checkpointer(cfg, run_dir, registry, writer, events, fingerprint, log)
+    step = ckpt.resume()                  # 0 for a new run; ResumeError before anything is restored
+    ckpt.emit_resume(step)                # its events, once the run may write
+    if ckpt.due(step, last): ckpt.save(step, final=...)
+    ckpt.rollback(step, reason)           # restore the newest valid checkpoint's weights and optimizers
+
+The registry's ``run`` entry is the checkpointer itself (:meth:`state_dict`): the config hash
+and the data fingerprint a resume must match, and ``updates_applied``, the count of updates
+that stand (a rollback restores it with the weights).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from reasonrl.checkpoint.registry import StateRegistry
+from reasonrl.checkpoint.store import CheckpointWriteError, CheckpointWriter, find_latest, list_checkpoints, load_checkpoint
+from reasonrl.config import Config, config_hash
+from reasonrl.data.sources import source_name
+from reasonrl.errors import LimitError, ResumeError, error_line
+from reasonrl.metrics import EventLog
+
+RUN_ENTRY = "controller"
+"""The registry name of the checkpointer's own state (kept for the checkpoints on disk)."""
+
+
+class Checkpointer:
+    """Checkpoints of ``run_dir`` holding ``registry`` (restored in its order, this object's
+    state first), written by ``writer``; ``fingerprint`` identifies the training data;
+    ``beat(stage)`` tells the hang watchdog a checkpoint is being written."""
+
+    def __init__(self, cfg: Config, run_dir: Path, registry: StateRegistry, writer: CheckpointWriter, events: EventLog,
+                 fingerprint: str, log: Callable[[str], None] = print, beat: Callable[[str], None] = lambda stage: None,
+                 initial: str = "the initial weights") -> None:
+        self.cfg, self.run_dir, self.registry, self.writer, self.events = cfg, Path(run_dir), registry, writer, events
+        self.fingerprint, self.log, self.beat, self.initial = fingerprint, log, beat, initial
+        self.root = self.run_dir / "checkpoints"
+        self.updates_applied = 0
+        """Steps whose update was applied and not undone by a rollback."""
+        self.resumed_from: Path | None = None
+        """The checkpoint :meth:`resume` loaded, if any."""
+        self.skipped: list = []
+        """Newer checkpoints :meth:`resume` found invalid (events once the resume check passed)."""
+        self.data_changed: str | None = None
+        """The checkpoint's data fingerprint when it differs and resume.allow_data_change allowed it."""
+        registry.add(RUN_ENTRY, self)
+
+    def due(self, step: int, last_checkpoint: float) -> bool:
+        """After ``step``: every checkpoint.every_steps steps, every checkpoint.every_minutes
+        minutes of training, and at the last step."""
+        c = self.cfg.checkpoint
+        return (
+            step == self.cfg.train.total_steps
+            or (c.every_steps > 0 and step % c.every_steps == 0)
+            or (c.every_minutes > 0 and time.time() - last_checkpoint >= 60 * c.every_minutes)
+        )
+
+    def save(self, step: int, final: bool) -> None:
+        """Save the registry at ``step``. A failed write (disk full, permissions, the
+        serialiser) leaves the previous checkpoints intact and is a ``checkpoint_failed`` event
+        with its cause in words; training goes on. The final one is tried
+        checkpoint.final_retries times (waiting 1 s, 2 s, ...) and then a LimitError."""
+        attempts = self.cfg.checkpoint.final_retries if final else 1
+        for attempt in range(1, attempts + 1):
+            self.beat("checkpoint")
+            try:
+                path = self.writer.save(step, *self.registry.capture())
+            except CheckpointWriteError as err:
+                self.events.emit("checkpoint_failed", step, error=str(err), cause=err.cause, attempt=attempt, final=final)
+                print(f"reasonrl: {err}; the previous checkpoint is intact", file=sys.stderr)
+                if attempt == attempts:
+                    if final:
+                        raise LimitError(f"the final checkpoint could not be written in {attempts} attempts ({err.cause}): "
+                                         f"{err}; the previous checkpoint is intact and a rerun resumes from it") from err
+                    return
+                time.sleep(2 ** (attempt - 1))
+                continue
+            self.events.emit("checkpoint", step, path=str(path))
+            return
+
+    def resume(self) -> int:
+        """Load the newest valid committed checkpoint and return its step (0: none); refuse an
+        incompatible config or changed data (ResumeError) before anything is restored or written."""
+        self.skipped = [i for i in list_checkpoints(self.root) if not i.valid] if self.root.exists() else []
+        path = find_latest(self.root) if self.root.exists() else None
+        self.resumed_from = path
+        if path is None:
+            return 0
+        step, tensors, state = load_checkpoint(path)
+        if RUN_ENTRY not in state:
+            raise ResumeError(f"{path}: written by an older reasonrl (no '{RUN_ENTRY}' state); use a new run.dir")
+        try:
+            self.registry.restore(tensors, state)
+        except (RuntimeError, KeyError, ValueError) as err:  # in memory: a restart would meet it again
+            raise ResumeError(f"{path}: does not fit this run ({error_line(err)}); it was written for another model "
+                              "(another model.path, or a warm start of another reasonrl version); use a new run.dir") from err
+        return step
+
+    def emit_resume(self, step: int) -> None:
+        """The events of a resume that passed its check (nothing is written before it)."""
+        for info in self.skipped:
+            self.events.emit("checkpoint_skipped", info.step, path=str(info.path), reason=info.reason)
+        if self.data_changed is not None:
+            self.events.emit("data_changed", step, fingerprint=self.fingerprint, checkpoint=self.data_changed)
+        if self.resumed_from is None:
+            self.events.emit("resume", 0, from_step=0, path=None)
+            return
+        self.events.emit("resume", step, from_step=step, path=str(self.resumed_from))
+        self.log(f"resumed from {self.resumed_from} (step {step})")
+        total = self.cfg.train.total_steps
+        if step >= total:
+            self.log(f"{self.run_dir}: the run is already complete ({step} of {total} steps); nothing to train "
+                     "(raise train.total_steps to go on)")
+
+    def rollback(self, step: int, reason: str) -> None:
+        """Restore the weights and optimizers from the newest valid checkpoint (or the initial
+        weights), keeping the step counter, sampler and RNG: the offending batches are skipped."""
+        began = time.time()
+        path = find_latest(self.root)
+        if path is None:
+            for role in self.registry.rollback_entries:
+                role.reset()
+            from_step, self.updates_applied = 0, 0
+        else:
+            from_step, tensors, state = load_checkpoint(path)
+            self.registry.restore(tensors, state, rollback=True)
+            self.updates_applied = state[RUN_ENTRY]["updates_applied"]
+        self.events.emit("rollback", step, reason=reason, to=str(path or self.initial), from_step=from_step,
+                         recover_s=time.time() - began)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``config_hash`` and ``data_fingerprint``: a resume must match them;
+        ``updates_applied``: the count of updates that stand."""
+        return {"config_hash": config_hash(self.cfg), "data_fingerprint": self.fingerprint,
+                "updates_applied": self.updates_applied}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["config_hash"] != config_hash(self.cfg):
+            raise ResumeError(
+                f"{self.run_dir}: the checkpoint was written with a different configuration "
+                f"(hash {state['config_hash'][:12]} vs {config_hash(self.cfg)[:12]}); only run.dir, run.progress, run.threads, "
+                "run.log_*, run.loggers, run.wandb_*, train.total_steps, eval.every_steps, checkpoint.*, resume.*, resilience.* "
+                "and runtime.roles.* may change on resume. Use a new run.dir."
+            )
+        if "data_fingerprint" not in state or "updates_applied" not in state:
+            raise ResumeError(f"{self.run_dir}: the checkpoint was written by an older reasonrl (no data fingerprint); "
+                              "use a new run.dir")
+        if state["data_fingerprint"] != self.fingerprint:
+            if not self.cfg.resume.allow_data_change:
+                raise ResumeError(
+                    f"{self.run_dir}: the training data differs from the data the checkpoint was trained on "
+                    f"({source_name(self.cfg.data.source)}: fingerprint {self.fingerprint[:12]}, checkpoint "
+                    f"{state['data_fingerprint'][:12]}); to continue on the new data anyway, add "
+                    "resume.allow_data_change=true; otherwise use a new run.dir")
+            self.data_changed = state["data_fingerprint"]
+        self.updates_applied = int(state["updates_applied"])

@@ -232,7 +232,8 @@ class Continuation(ABC):
             for i, turn in zip(active, sampled):
                 turns[i] = turn
                 self.used[rows[i]] += len(turn.tokens)
-                self.sampled[rows[i]] += len(turn.tokens)
+            index = torch.tensor([rows[i] for i in active], dtype=torch.long, device=self.device)
+            self.sampled[index] += torch.tensor([len(t.tokens) for t in sampled], dtype=torch.long, device=self.device)
         return turns
 
     def draws(self, index: torch.Tensor, t: int, params: SamplingParams) -> torch.Tensor | None:

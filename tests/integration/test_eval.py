@@ -96,6 +96,23 @@ def test_eval_numbers_are_a_hand_count_of_the_samples_it_wrote(warm_start, tmp_p
     assert any(_decisive_tie([r["pred"] for r in v], [r["correct"] for r in v]) for v in sampled.values())
 
 
+def test_eval_samples_do_not_depend_on_the_chunking(warm_start, tmp_path, capsys):
+    # Prompt i samples with a seed of its own (run.seed and i): chunks of 4 or of 5 prompts give
+    # the same samples, and a model's two evaluations the same numbers.
+    runs = []
+    for chunk in (4, 5):
+        out = tmp_path / f"samples-{chunk}.jsonl"
+        code, results, _ = _eval(capsys, "--limit", "10", "--out", str(out), "eval.k=3", f"eval.batch_prompts={chunk}",
+                                 "data.train_size=64", "run.progress=false")
+        assert code == 0
+        records = [(r["prompt_id"], r["sample"], r["greedy"], r["response"]) for r in read_samples(out)]
+        runs.append((records, [row for row in results["results"]]))
+    (four, numbers4), (five, numbers5) = runs
+    assert len(four) == 10 * 4 and four == five
+    assert numbers4 == numbers5
+    assert len({response for _, _, greedy, response in four if not greedy}) > 10  # sampled, not all alike
+
+
 def test_a_run_directory_is_evaluated_from_its_checkpoint(warm_start, tmp_path, capsys):
     # A run whose only checkpoint (step 3, no final/) holds the warm start's own weights:
     # exported and evaluated, it answers greedily exactly as the warm start does.

@@ -99,6 +99,9 @@ def _portable(err: BaseException) -> BaseException:
 def _child_main(conn, factory: Callable[..., Any], args: tuple, concurrent: frozenset[str]) -> None:
     """The child: build the worker, then serve calls until the parent closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # A worker may start processes of its own (a rollout worker's environment pool); it ends
+    # them when it closes, and ends itself when the parent's pipe closes.
+    multiprocessing.current_process().daemon = False
     lock = threading.Lock()
     try:
         worker = factory(*args)

@@ -15,7 +15,9 @@ Ray actors (:class:`~reasonrl.runtime.ray.RayGroup`). A worker never imports thi
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
+import queue
+import threading
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from typing import Any, Protocol
 
 
@@ -109,6 +111,32 @@ class LocalGroup:
                 close()
 
 
+class _Serial:
+    """One daemon thread running submitted calls one after another (a thread that never
+    holds up the interpreter's exit, unlike ``ThreadPoolExecutor``'s)."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.Queue = queue.Queue()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn, args, kwargs = call
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as err:  # noqa: BLE001 - delivered through the future
+                    future.set_exception(err)
+
+    def submit(self, fn, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+        self._calls.put((future, fn, args, kwargs))
+        return future
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+
 class ThreadGroup:
     """Workers in this process, each serving its calls on a thread of its own, one at a time
     in the order submitted (as a worker process would), built there by ``factory(*args)``,
@@ -124,13 +152,13 @@ class ThreadGroup:
             raise ValueError(f"ThreadGroup {name}: expected at least one worker")
         self.name, self.size, self.timeout_s = name, len(args_per_worker), timeout_s
         self.concurrent = frozenset(concurrent)
-        self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"reasonrl-{name}{i}") for i in range(self.size)]
+        self._threads = [_Serial(f"reasonrl-{name}{i}") for i in range(self.size)]
         try:
-            self.workers = gather([t.submit(factory, *args) for t, args in zip(self._threads, args_per_worker)], None,
-                                  f"{name}: building the workers")
+            self.workers = gather([t.submit(factory, *args) for t, args in zip(self._threads, args_per_worker)],
+                                  timeout_s, f"{name}: building the workers")
         except BaseException:
             for t in self._threads:
-                t.shutdown(wait=False)
+                t.stop()
             raise
 
     @property
@@ -163,4 +191,4 @@ class ThreadGroup:
             except FutureTimeout:
                 pass
         for t in self._threads:
-            t.shutdown(wait=False)
+            t.stop()

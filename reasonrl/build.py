@@ -30,7 +30,7 @@ from reasonrl.resilience.guards import SlowdownDetector
 from reasonrl.resilience.injection import FaultyPolicy, FaultyRewards, WorkerFaults
 from reasonrl.rollout.fleet import FLEET_CONCURRENT, RolloutFleet
 from reasonrl.rollout.source import AsyncSource, RolloutProducer
-from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, setup_torch
+from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
 from reasonrl.runtime.group import ThreadGroup
 from reasonrl.runtime.topology import Topology, rank_threads, spawn
 from reasonrl.types import Prompt
@@ -197,7 +197,10 @@ def ray_reservation(cfg: Config, topology: Topology, model_dir: Path):
         mapping[name] = {"cpus": role.cpus, "gpus": role.gpus, **({"colocate": role.colocate} if role.colocate else {})}
     plan = parse_placement(mapping).plan(actors)
     weights = ModelShape.from_model_dir(model_dir).parameters() * DTYPE_BYTES[cfg.model.dtype]
-    cluster = connect(cfg.runtime, object_store_bytes=max(OBJECT_STORE_BYTES, 2 * weights + (64 << 20)))
+    # A cluster started here offers a CPU per actor at least (Ray's CPUs are logical: more
+    # actors than cores share the cores, as processes would); a joined one has its own.
+    cluster = connect(cfg.runtime, max(sum(actors.values()), available_cores()),
+                      object_store_bytes=max(OBJECT_STORE_BYTES, 2 * weights + (64 << 20)))
     try:
         return cluster, Reservation(plan, timeout_s=30.0)
     except BaseException:

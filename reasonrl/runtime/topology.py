@@ -57,8 +57,8 @@ class RolePlan:
         """``rollout   process x2   threads 1, timeout 600 s   (fast backend, weights of their own)``:
         threads where the workers have processes of their own, resources where Ray reserves them."""
         parts = []
-        if self.where in ("process", "ray"):
-            parts.append(f"threads {self.threads or 'as the controller'}")
+        if self.threads:
+            parts.append(f"threads {self.threads}")
         if self.where == "ray":
             parts.append(f"{_fmt(self.cpus)} cpu, {_fmt(self.gpus)} gpu each")
         if self.colocate:

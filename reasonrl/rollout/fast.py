@@ -176,10 +176,13 @@ class FastGenerator:
         params: SamplingParams,
         seeds: Sequence[int],
         on_groups_done: GroupsDone,
+        cancel: Callable[[], bool] | None = None,
     ) -> StreamResult:
         """:meth:`generate`, reporting each prompt group to ``on_groups_done`` (see
         :data:`GroupsDone`) at the decode step where its last sample ends (EOS or
-        ``max_new_tokens``), and stopping as soon as the callback returns True.
+        ``max_new_tokens``), and stopping as soon as the callback returns True, or as soon as
+        ``cancel()`` (asked after every decode step) does: a caller in another thread that
+        decided the batch is full.
 
         The callback does not change the sampling: every completed group has exactly the
         tokens and log-probs that :meth:`generate` gives it for the same ``seeds``,
@@ -209,7 +212,7 @@ class FastGenerator:
         self.model.eval()
         try:
             with torch.no_grad():
-                decoded = self._decode(prompt_ids, prompt_mask, n, params, rows, on_step=on_step)
+                decoded = self._decode(prompt_ids, prompt_mask, n, params, rows, on_step=on_step, cancel=cancel)
                 tokens, logprobs, stopped, steps_run = decoded.tokens, decoded.logprobs, decoded.stopped, decoded.steps
         finally:
             self.model.train(was_training)
@@ -273,6 +276,7 @@ class FastGenerator:
         on_step: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], bool] | None = None,
         limits: torch.Tensor | None = None,
         stop: Callable[[], bool] | None = None,
+        cancel: Callable[[], bool] | None = None,
         offsets: torch.Tensor | None = None,
     ) -> Decoded:
         """Decode ``[B, P]`` prompts, each repeated ``n`` times in a row: ``Decoded(tokens [B, S],
@@ -286,7 +290,9 @@ class FastGenerator:
         ``on_step(t, ended [B] bool, tokens, logprobs)`` (``ended``: the row has emitted EOS or
         reached its limit or ``max_new_tokens``); a True return stops the loop at once
         (``stopped``). ``stop()`` is asked after every step; True ends the loop there
-        (``interrupted``). ``steps`` is the number of steps run. The callbacks only observe:
+        (``interrupted``); ``cancel()`` likewise, but the loop is abandoned (``stopped``: nothing
+        continues from it, so the fixed-shape loop may run it). ``steps`` is the number of steps
+        run. The callbacks only observe:
         what is sampled does not depend on them until they stop the loop. Limits and ``stop``
         run the eager loop (no CUDA graph).
         """
@@ -338,6 +344,9 @@ class FastGenerator:
                 break
             if stop is not None and stop():
                 interrupted = True
+                break
+            if cancel is not None and cancel():
+                stopped = True
                 break
             if static_step is not None:
                 continue

@@ -69,10 +69,11 @@ class PartialRollouts:
         return self.generate_stream(prompts, n, params, seeds, lambda groups, rows: False).batch
 
     def generate_stream(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int], on_groups_done: GroupsDone
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int], on_groups_done: GroupsDone,
+        cancel: Callable[[], bool] | None = None,
     ) -> StreamResult:
         """:meth:`FastGenerator.generate_stream` across interruptions: a group is reported once
-        all its rows have ended, whichever phase each ended in."""
+        all its rows have ended, whichever phase each ended in; ``cancel()`` ends it as there."""
         check_seeds(seeds, prompts)
         fast, device = self.fast, next(self.fast.model.parameters()).device
         rows = _Rows(prompts, n)
@@ -114,7 +115,7 @@ class PartialRollouts:
 
             with inference(fast.model):
                 decoded = fast._decode(prompt_ids, prompt_mask, phase_n, phase_params, row_seed[index], on_step=on_step,
-                                       limits=limits, stop=self.pending, offsets=offsets)
+                                       limits=limits, stop=self.pending, offsets=offsets, cancel=cancel)
             if decoded.stopped or not decoded.interrupted:
                 stopped = decoded.stopped
                 break

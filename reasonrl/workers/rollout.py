@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -166,25 +166,28 @@ class RolloutWorker:
             return self._stamp(self.agent.generate(prompts, n, params, seeds, [int(s.extra["seed"]) for s in states]))
 
     def generate_stream(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int], on_groups_done: GroupsDone
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int], on_groups_done: GroupsDone,
+        cancel: Callable[[], bool] | None = None,
     ) -> StreamResult:
         """:meth:`generate` reporting each group as it completes
-        (:meth:`~reasonrl.rollout.fast.FastGenerator.generate_stream`), versions tagged."""
+        (:meth:`~reasonrl.rollout.fast.FastGenerator.generate_stream`), versions tagged;
+        ``cancel()``, asked after every decode step, ends it."""
         self._load_offered()
         with compute_context(self.precision, self.device):
-            result = self.backend.generate_stream(prompts, n, params, seeds, lambda groups, rows: on_groups_done(groups, self._stamp(rows)))
+            result = self.backend.generate_stream(prompts, n, params, seeds,
+                                                  lambda groups, rows: on_groups_done(groups, self._stamp(rows)), cancel)
         self._stamp(result.batch)
         return result
 
     def stream(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds) -> dict:
         """:meth:`generate_stream` for a :class:`~reasonrl.rollout.fleet.RolloutFleet` in
         another thread or process: each completed group waits in the outbox for
-        :meth:`poll_stream`; :meth:`stop_stream` ends the decoding at the next completion.
+        :meth:`poll_stream`; :meth:`stop_stream` ends the decoding after the current step.
         Returns ``entries`` (completions not polled yet), ``aborted`` (this call's prompt
         indices) and ``aborted_lengths`` (per row of those)."""
         self._outbox.open()
         try:
-            result = self.generate_stream(prompts, n, params, seeds, self._outbox.put)
+            result = self.generate_stream(prompts, n, params, seeds, self._outbox.put, lambda: self._outbox.stopping)
         finally:
             entries = self._outbox.close()
         return {"entries": entries, "aborted": result.aborted, "aborted_lengths": result.aborted_lengths}
@@ -195,7 +198,7 @@ class RolloutWorker:
         return self._outbox.poll(wait_s)
 
     def stop_stream(self) -> None:
-        """Thread-safe: the running :meth:`stream` stops at its next completed group."""
+        """Thread-safe: the running :meth:`stream` stops after its current decode step."""
         self._outbox.stop()
 
     def state_dict(self) -> dict:

@@ -1,0 +1,221 @@
+"""The rollout fleet: 1 and 2 rollout workers in sync and async, and its cost against older code; one JSON line.
+
+Two measurements on the DAPO recipe (the embedded task and warm start, 16 prompts x 8
+samples a step), each run ``reasonrl train`` in a fresh process for ``--steps`` steps, the
+first ``--warmup`` left out, configurations interleaved over ``--seeds`` (for seed: for
+configuration: run) so that all see the same machine; medians over seeds, and ratios:
+
+1. **Fleet size** (``runtime.roles.rollout.count`` 1 and 2) in ``sync`` (lockstep at
+   staleness 0, the workers threads over the policy's own module, torch on every core) and
+   in ``async1`` (``rollout.mode=async rollout.max_staleness=1 algo.off_policy=tis``, the
+   trainer and each rollout worker process at half the cores). Per run: trained samples/s
+   (rows of a step over its median step time, as ``bench/scale.py``), the trainer's idle
+   share (``timing_s/trainer_idle`` over ``timing_s/step``), the rollout side's idle share
+   (``timing_s/rollout_idle`` over it plus ``timing_s/rollout_gen`` and ``timing_s/reward``,
+   as ``bench/async.py``) and the workers' busy share (``rollout/worker<i>/busy_s`` over
+   workers x step time). ``ratio_2_over_1`` is the median over seeds of the per-seed ratio
+   of samples/s.
+2. **Overhead against older code** (only with ``--base PATH``, a checkout of it): the
+   1-worker ``sync`` and ``async1`` configurations with this checkout and with the one at
+   PATH (for seed: for code in (base, fleet): for configuration), each run with its own
+   code on ``PYTHONPATH`` and its own keys (the older code names the rollout threads
+   ``rollout.threads``). ``fleet_over_base`` is the median over seeds of the paired
+   ratio of samples/s (under 1: the fleet is slower).
+
+The machine is named in the output: its CPU model, torch's CPU capability (the ISA its
+kernels use) and the vector flags; ``other_cpu_cores_avg`` is the CPU the rest of the
+machine used meanwhile, in cores (a figure taken with it well above 0 on a small machine is
+a contention figure). Both code versions share the warm start's cache entry when their
+settings hash the same; it is built once, before any timed run.
+
+    python bench/fleet.py [--seeds 0,1,2] [--steps 8] [--warmup 2] [--base /path/to/older/checkout]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.machine_load import busy_jiffies  # noqa: E402
+from reasonrl.metrics import read_jsonl  # noqa: E402
+from reasonrl.runtime import available_cores  # noqa: E402
+
+ROWS_PER_STEP = 16 * 8
+"""The recipe's 16 prompts x 8 samples: the rows each step trains."""
+
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+def log(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def machine() -> dict:
+    """The CPU model, torch's CPU capability and the vector flags of /proc/cpuinfo."""
+    import torch
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return {"cpu": model, "isa": torch.backends.cpu.get_cpu_capability(),
+            "vector_flags": [f for f in VECTOR_FLAGS if f in flags], "cores": available_cores(),
+            "torch": torch.__version__}
+
+
+def configs(workers: int, cores: int, threads_key: str) -> dict[str, list[str]]:
+    """``sync`` and ``async1`` with ``workers`` rollout workers; ``threads_key`` names the
+    rollout workers' thread count in the code being run."""
+    half = max(1, cores // 2)
+    count = [] if workers == 1 else [f"runtime.roles.rollout.count={workers}"]
+    return {
+        f"sync,w{workers}": ["rollout.mode=sync", f"run.threads={cores}", *count],
+        f"async1,w{workers}": ["rollout.mode=async", "rollout.max_staleness=1", "algo.off_policy=tis",
+                               f"run.threads={half}", f"{threads_key}={max(1, cores - half)}", *count],
+    }
+
+
+def run_one(code: Path, code_name: str, name: str, extra: list[str], seed: int, args, tmp: Path) -> dict:
+    """One training run with the code at ``code``: its step figures after the warm-up."""
+    run_dir = tmp / f"{code_name}-{name.replace(',', '-')}-s{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    overrides = [f"run.dir={run_dir}", f"run.seed={seed}", f"train.total_steps={args.steps}", "eval.every_steps=0",
+                 "checkpoint.every_steps=0", "checkpoint.every_minutes=0", "run.progress=false", "run.loggers=[]", *extra]
+    began = time.time()
+    out = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "dapo", "--no-supervisor", *overrides],
+                         cwd=code, capture_output=True, text=True, timeout=args.timeout,
+                         env={**os.environ, "PYTHONPATH": str(code)})
+    result = {"code": code_name, "config": name, "seed": seed, "run_wall_s": round(time.time() - began, 1)}
+    if out.returncode != 0:
+        return {**result, "error": out.stderr.strip().splitlines()[-3:]}
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "timing_s/step" in r and r.get("step", 0) > args.warmup]
+    total = lambda key: sum(r.get(key, 0.0) for r in rows)  # noqa: E731
+    step_s = statistics.median(r["timing_s/step"] for r in rows)
+    busy_keys = sorted({k for r in rows for k in r if k.startswith("rollout/worker") and k.endswith("/busy_s")})
+    rollout_total = total("timing_s/rollout_idle") + total("timing_s/rollout_gen") + total("timing_s/reward")
+    result.update({
+        "steps_measured": len(rows),
+        "step_s": round(step_s, 4),
+        "samples_per_s": round(ROWS_PER_STEP / step_s, 2),
+        "trainer_idle_frac": round(total("timing_s/trainer_idle") / total("timing_s/step"), 4),
+        "rollout_idle_frac": round(total("timing_s/rollout_idle") / rollout_total, 4) if rollout_total else None,
+        "gen_s": round(statistics.median(r.get("timing_s/rollout_gen", r.get("timing_s/gen", 0.0)) for r in rows), 4),
+        "update_s": round(statistics.median(r.get("timing_s/update_actor", 0.0) for r in rows), 4),
+        "weight_sync_s": round(statistics.median(r.get("timing_s/weight_sync", 0.0) for r in rows), 4),
+    })
+    if busy_keys:
+        result["workers_busy_frac"] = round(sum(total(k) for k in busy_keys) / (len(busy_keys) * total("timing_s/step")), 4)
+    return result
+
+
+def timed(plan: list[tuple[Path, str, str, list[str], int]], args, tmp: Path) -> tuple[list[dict], float]:
+    """Every (code, code name, configuration, overrides, seed) of ``plan`` in order; the runs
+    and the cores the rest of the machine used meanwhile, on average."""
+    ours = lambda: sum(os.times()[2:4])  # noqa: E731  (the finished children's CPU seconds)
+    began, jiffies, own = time.time(), busy_jiffies(), ours()
+    runs = []
+    for code, code_name, name, extra, seed in plan:
+        runs.append(run_one(code, code_name, name, extra, seed, args, tmp))
+        log(json.dumps(runs[-1]))
+    wall = time.time() - began
+    other = (busy_jiffies() - jiffies) / os.sysconf("SC_CLK_TCK") - (ours() - own)
+    return runs, round(max(0.0, other) / wall, 2)
+
+
+def commit(code: Path) -> str:
+    """The checkout's short commit, ``+dirty`` when tracked files differ from it."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=code, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def by_config(runs: list[dict], code: str) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in runs:
+        if r["code"] == code and "error" not in r:
+            out.setdefault(r["config"], []).append(r)
+    return out
+
+
+def medians(rs: list[dict]) -> dict:
+    keys = ("samples_per_s", "step_s", "trainer_idle_frac", "rollout_idle_frac", "workers_busy_frac", "gen_s",
+            "update_s", "weight_sync_s")
+    return {k: round(statistics.median(r[k] for r in rs), 4) for k in keys if all(r.get(k) is not None for r in rs)}
+
+
+def paired(a: list[dict], b: list[dict]) -> float | None:
+    """Median over seeds of ``a``'s samples/s over ``b``'s, same seed."""
+    of_b = {r["seed"]: r["samples_per_s"] for r in b}
+    ratios = [r["samples_per_s"] / of_b[r["seed"]] for r in a if r["seed"] in of_b]
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the figures")
+    parser.add_argument("--base", default=None, help="a checkout of older code to compare the 1-worker configurations with")
+    parser.add_argument("--base-threads-key", default="rollout.threads",
+                        help="the older code's key for the rollout workers' torch threads")
+    parser.add_argument("--cores", type=int, default=available_cores())
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out: dict = {"bench": "fleet", "machine": machine(), "steps": args.steps, "warmup": args.warmup, "seeds": seeds}
+    out["commit"] = commit(ROOT)
+    for code in [ROOT] + ([Path(args.base).resolve()] if args.base else []):  # each code's warm start, before any timed run
+        subprocess.run([sys.executable, "-m", "reasonrl.cli", "sft"], cwd=code, check=True, capture_output=True,
+                       timeout=args.timeout, env={**os.environ, "PYTHONPATH": str(code)})
+    with tempfile.TemporaryDirectory() as tmp:
+        fleet = {**configs(1, args.cores, "runtime.roles.rollout.threads"),
+                 **configs(2, args.cores, "runtime.roles.rollout.threads")}
+        runs, other = timed([(ROOT, "fleet", name, extra, seed) for seed in seeds for name, extra in fleet.items()],
+                            args, Path(tmp))
+        got = by_config(runs, "fleet")
+        summary = {name: medians(rs) for name, rs in got.items()}
+        for mode in ("sync", "async1"):
+            if f"{mode},w1" in got and f"{mode},w2" in got:
+                summary[f"{mode},w2"]["ratio_2_over_1"] = paired(got[f"{mode},w2"], got[f"{mode},w1"])
+        if "sync,w1" in got and "async1,w1" in got:
+            summary["async1,w1"]["ratio_over_sync"] = paired(got["async1,w1"], got["sync,w1"])
+        out["fleet"] = {"summary": summary, "other_cpu_cores_avg": other, "runs": runs}
+        if args.base:
+            base = Path(args.base).resolve()
+            out["base"] = {"path": str(base), "commit": commit(base)}
+            codes = {"base": (base, configs(1, args.cores, args.base_threads_key)),
+                     "fleet": (ROOT, configs(1, args.cores, "runtime.roles.rollout.threads"))}
+            plan = [(path, code, name, extra, seed) for seed in seeds for code, (path, cfgs) in codes.items()
+                    for name, extra in cfgs.items()]
+            runs, other = timed(plan, args, Path(tmp))
+            b, f = by_config(runs, "base"), by_config(runs, "fleet")
+            out["overhead"] = {
+                name: {"base": medians(b[name]), "fleet": medians(f[name]), "fleet_over_base": paired(f[name], b[name])}
+                for name in codes["fleet"][1] if name in b and name in f}
+            out["overhead"]["other_cpu_cores_avg"] = other
+            out["overhead"]["runs"] = runs
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -75,10 +75,15 @@ _ROLE_NAMES = ("policy", "reference", "critic", "rollout", "reward", "env")
 def rollout_shares_policy(cfg: Config) -> bool:
     """Whether the rollout workers sample from the policy's own module (threads of the
     controller's process): ``runtime.roles.rollout.colocate=policy``, or ``auto`` with
-    rollout.mode=sync, runtime.engine=local and a whole (not FSDP-sharded) module."""
+    rollout.mode=sync, runtime.engine=local, a whole (not FSDP-sharded) module and an
+    accelerator (run.device cuda or mps), where a second copy of the weights costs device
+    memory. On a CPU ``auto`` gives the workers processes of their own: a decode loop on a
+    thread of the trainer's process measured 10-30% slower end to end (docs/benchmarks.md,
+    the rollout fleet), and a copy of a small model costs little."""
     colocate = cfg.runtime.roles.rollout.colocate
+    accelerator = cfg.run.device.startswith(("cuda", "mps"))
     return colocate == "policy" or (colocate == "auto" and cfg.rollout.mode == "sync" and cfg.runtime.engine == "local"
-                                    and cfg.train.strategy != "fsdp")
+                                    and cfg.train.strategy != "fsdp" and accelerator)
 
 
 def _check_roles(cfg: Config) -> None:

@@ -488,7 +488,9 @@ class RolloutRoleConfig(RoleConfig):
     colocate: str = "auto"
     """'policy': workers on threads of the controller's process sampling from the policy's own
     module (staleness 0 only); 'none': processes (Ray actors) with weights of their own;
-    'auto': policy for rollout.mode=sync with runtime.engine=local and ddp, else none."""
+    'auto': policy for rollout.mode=sync with runtime.engine=local on a GPU (run.device cuda
+    or mps), else none (on a CPU a process of its own decodes faster than a thread beside
+    the trainer)."""
     timeout_s: float = 600.0
     """A rollout worker that does not answer a call for this long is hung: it is replaced and
     its groups are generated again elsewhere (so is one that dies)."""

@@ -41,11 +41,13 @@ def overrides(model_dir, run_dir, steps, *extra):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_async_and_lockstep_at_staleness_0_are_the_synchronous_run_bit_for_bit(model_dir, tmp_path, workers):
     runs = {}
-    modes = ("sync", "async", "lockstep") + (("lockstep-again",) if workers > 1 else ())
+    modes = ("sync", "async", "lockstep") + (("lockstep-again", "sync-colocated") if workers > 1 else ())
     for mode in modes:
         run_dir = tmp_path / mode
+        colocate = "policy" if mode.endswith("colocated") else "auto"  # threads over the policy's own module
         Controller(load(None, overrides(model_dir, run_dir, 6, f"rollout.mode={mode.split('-')[0]}", "rollout.max_staleness=0",
-                                        f"runtime.roles.rollout.count={workers}"))).run()
+                                        f"runtime.roles.rollout.count={workers}",
+                                        f"runtime.roles.rollout.colocate={colocate}"))).run()
         runs[mode] = (load_file(run_dir / "final/model.safetensors"), [values(r) for r in read_jsonl(run_dir / "metrics.jsonl")],
                       read_jsonl(run_dir / "prompts.jsonl"))
     weights, rows, prompts = runs["sync"]

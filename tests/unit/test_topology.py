@@ -19,9 +19,11 @@ def where(overrides):
     return {role: (p.where, p.count, p.colocate) for role, p in topology.roles.items()}, topology
 
 
-def test_sync_shares_the_policy_module_and_async_gives_rollout_workers_their_own_processes():
-    roles, topology = where([])
+def test_sync_shares_the_policy_module_on_a_gpu_and_rollout_workers_get_processes_elsewhere():
+    roles, topology = where(["run.device=cuda"])
     assert roles == {"policy": ("inline", 1, ""), "rollout": ("thread", 1, "policy"), "reward": ("inline", 1, "")}
+    roles, _ = where([])  # a CPU: a process decodes faster than a thread beside the trainer
+    assert roles["rollout"] == ("process", 1, "")
     roles, _ = where(["rollout.mode=async", "runtime.roles.rollout.count=2", "runtime.roles.rollout.threads=1",
                       "runtime.roles.reward.count=2", "algo.kl_loss_coef=0.01"])
     assert roles == {"policy": ("inline", 1, ""), "reference": ("inline", 1, ""), "rollout": ("process", 2, ""),
@@ -65,7 +67,7 @@ def test_spawn_builds_each_worker_where_its_role_runs_and_wraps_it_there():
         assert group.call("add", 0) == [1, 2]
     finally:
         group.close()
-    _, topology = where([])
+    _, topology = where(["runtime.roles.rollout.colocate=policy"])
     thread = spawn(topology["rollout"], Tagged, [(5,)], wrap=tag_worker, concurrent=("set_flag",))
     inline = spawn(topology["policy"], Tagged, [(7,)])
     assert isinstance(thread, ThreadGroup) and isinstance(inline, LocalGroup)

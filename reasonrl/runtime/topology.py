@@ -125,7 +125,7 @@ def plan(cfg: Config) -> Topology:
         out["rollout"] = _replace_colocate(out["rollout"], "policy")
     else:
         add("rollout", remote, rollout.count, f"{cfg.rollout.backend} backend, weights of their own",
-            threads=rollout.threads or cores)
+            threads=rollout.threads or max(1, cores // rollout.count))
     if roles.reward.count:
         add("reward", "process", roles.reward.count, "grading processes of the rollout producer")
     else:

@@ -2,8 +2,10 @@
 
 Slow: these train for real on the cached warm start (built once per machine, ~3 min on 2
 cores). Held-out accuracy is the mean over 4 samples on 256 held-out problems (about +-2.5
-points of noise); 20 steps lift every recipe past +9 points (figures in docs/benchmarks.md),
-and the test asks for +5. The runs are clean, so the guards that read the training itself must
+points of noise), and the test asks for +5 points. From this near-deterministic warm start
+(entropy about 0.08) the gain of one 20-step run depends on its seed's draws: dapo, dr_grpo and
+lite_ppo gain 11-13 points at seed 0, grpo and ppo anywhere from -1 to +12 across seeds
+(docs/benchmarks.md), so for those two the gain is the mean over run seeds 0 and 1. The runs are clean, so the guards that read the training itself must
 stay quiet: no spike or non-finite incident (the slowdown detector reads wall time, which other
 load on the machine can really stretch: tests/unit/test_guards.py replays a clean demo). The DAPO
 run trains with runtime.engine=ray (a local cluster; a seeded synchronous Ray run ends with the
@@ -31,12 +33,23 @@ pytestmark = pytest.mark.slow
 STEPS = {"dapo": 20, "grpo": 20, "dr_grpo": 20, "lite_ppo": 20, "ppo": 12}
 """PPO's steps are about twice as long (32 prompts, a critic, two epochs) and it learns faster per step."""
 
+SEEDS = {"grpo": (0, 1), "ppo": (0, 1)}
+"""Run seeds whose mean gain is asserted (others: seed 0 alone)."""
+
 
 @pytest.mark.parametrize("recipe", list(STEPS))
 def test_recipe_raises_heldout_accuracy(recipe, tmp_path):
+    gains = [_gain(recipe, tmp_path / f"seed{seed}", seed) for seed in SEEDS.get(recipe, (0,))]
+    gain = sum(gains) / len(gains)
+    assert gain >= 0.05, f"{recipe}: held-out accuracy gains {[round(g, 3) for g in gains]} (mean {gain:.3f})"
+
+
+def _gain(recipe: str, run_dir, seed: int) -> float:
+    """One run of ``recipe`` at run seed ``seed``: its held-out accuracy after minus before,
+    the run checked along the way."""
     steps = STEPS[recipe]
-    overrides = [f"run.dir={tmp_path}", f"train.total_steps={steps}", f"eval.every_steps={steps}", "eval.n_prompts=256",
-                 "eval.greedy=false", "run.progress=false"]
+    overrides = [f"run.dir={run_dir}", f"train.total_steps={steps}", f"eval.every_steps={steps}", "eval.n_prompts=256",
+                 "eval.greedy=false", "run.progress=false", f"run.seed={seed}"]
     if recipe == "dapo":
         kill = int(0.6 * steps) + 1  # SIGKILL as step 13 of 20 begins: 12 steps, 60%, are done
         engine = "ray" if importlib.util.find_spec("ray") else "local"
@@ -44,18 +57,17 @@ def test_recipe_raises_heldout_accuracy(recipe, tmp_path):
                    f"faults=[sigkill@{kill}:stage=gen]", f"runtime.engine={engine}"]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        [recovered] = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "recovered"]
+        [recovered] = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "recovered"]
         interval = load(RECIPES / "dapo.yaml").checkpoint.every_steps
         assert interval > 0 and kill - 1 - interval < recovered["from_step"] <= kill - 1, recovered
     else:
         Controller(load(RECIPES / f"{recipe}.yaml", overrides)).run()
-    incidents = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] in ("spike", "nonfinite")]
+    incidents = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] in ("spike", "nonfinite")]
     assert incidents == [], incidents
-    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     val = [r for r in rows if "val/acc" in r]
     assert [r["step"] for r in val] == [0, steps]
-    before, after = val[0]["val/acc"], val[-1]["val/acc"]
-    assert after >= before + 0.05, f"{recipe}: held-out accuracy {before:.3f} -> {after:.3f}"
-    assert (tmp_path / "final" / "config.json").is_file()
+    assert (run_dir / "final" / "config.json").is_file()
     train_rows = [r for r in rows if r["step"] > 0]
     assert len(train_rows) == steps and all("actor/pg_loss" in r and "timing_s/gen" in r for r in train_rows)
+    return val[-1]["val/acc"] - val[0]["val/acc"]

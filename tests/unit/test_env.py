@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from reasonrl.config import EnvConfig
+from reasonrl.config.schema import EnvRoleConfig
 from reasonrl.env import (EnvCheckReport, EnvFailure, EnvPool, EnvProtocolError, GridEnv, GymTextAdapter,
                           ToolArithEnv, ToolCall, ToolCallError, ToolEnv, check_reset, check_step, env_attribute,
                           env_check, make_env, parse_tool_calls)
@@ -401,7 +402,7 @@ def test_pool_start_errors_are_input_errors_and_close_reaps_workers():
         EnvPool(f"{FIXTURES}:Exploding", size=1, workers=1)
     with pytest.raises(InputError, match="runtime.roles.env.timeout_s = 0"):
         EnvPool("grid", size=1, step_timeout_s=0)
-    pool = EnvPool.from_config(EnvConfig(name="grid", workers=3), size=4)
+    pool = EnvPool.from_config(EnvConfig(name="grid"), EnvRoleConfig(count=3), size=4)
     procs = [w.proc for w in pool._workers]
     assert len(procs) == 3 and all(p.is_alive() for p in procs)
     with pytest.raises(ValueError, match="5 seeds for 4 slots"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ SHAPE = ModelShape(vocab=1000, hidden=64, layers=2, heads=4, kv_heads=2, head_di
 def test_estimate_parts_by_hand():
     cfg = load(None, ["data.max_prompt_len=32", "rollout.max_new_tokens=32", "rollout.n=4", "train.prompts_per_step=8",
                       "train.mini_batch_size=32", "train.micro_batch_size=8", "train.micro_batch_tokens=0",
-                      "algo.kl_loss_coef=0", "algo.dynamic_sampling=false"])
+                      "algo.kl_loss_coef=0", "algo.dynamic_sampling=false", "runtime.roles.rollout.colocate=policy"])
     N = SHAPE.parameters()
     assert N == 1000 * 64 + 2 * (64 * 8 * 16 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
     e = estimate_memory(cfg, SHAPE, prompt_len=16)
@@ -51,6 +52,13 @@ def test_estimate_parts_by_hand():
     assert ckpt.parts["activations"] == 8 * context * (2 * 64 * 4 + a) < e.parts["activations"]
     kl = estimate_memory(dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, kl_loss_coef=0.1)), SHAPE, 16)
     assert kl.parts["weights"] == 8 * N  # the reference
+    # two rollout workers with weights of their own: each adds its weights, the runtime and half the generation
+    roles = dataclasses.replace(cfg.runtime.roles, rollout=dataclasses.replace(cfg.runtime.roles.rollout, colocate="none",
+                                                                               count=2))
+    own = estimate_memory(dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, roles=roles)), SHAPE, 16)
+    half = math.ceil(e.parts["generation"] / 2)
+    assert own.parts["generation"] == half and own.parts["rollout workers"] == 2 * (4 * N + e.parts["runtime"])
+    assert own.peak == fixed + e.parts["activations"] + e.parts["LM head"] + 2 * (4 * N + half + e.parts["runtime"])
 
 
 def test_a_step_that_cannot_fit_is_an_error_naming_what_to_change():

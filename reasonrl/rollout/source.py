@@ -403,7 +403,7 @@ class AsyncSource:
             for future in [*loads, collect]:
                 future.result(timeout=self.timeout_s)
         except FutureTimeout:
-            raise TimeoutError(f"rollout: no batch within {self.timeout_s} s (resilience.rollout_timeout_s)") from None
+            raise TimeoutError(f"rollout: no batch within {self.timeout_s} s (runtime.roles.rollout.timeout_s)") from None
         self.outstanding.popleft()
         collected: Collected = collect.result()
         self.cursor = collected.state

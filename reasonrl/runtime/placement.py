@@ -66,7 +66,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class Placement:
-    """Validated ``runtime.placement``: a :class:`RolePlacement` for every role in :data:`ROLES`."""
+    """Validated resources of ``runtime.roles``: a :class:`RolePlacement` for every role in :data:`ROLES`."""
 
     roles: dict[str, RolePlacement]
 
@@ -116,9 +116,9 @@ class Placement:
 
 
 def parse_placement(mapping: dict[str, Any]) -> Placement:
-    """Validate ``runtime.placement`` (role -> ``{cpus, gpus, count, colocate}``); roles it
-    does not name take one CPU per actor. Raises InputError naming
-    ``runtime.placement.<role>.<key>``, the value and what is allowed."""
+    """Validate a mapping of role -> ``{cpus, gpus, count, colocate}`` (the Ray roles'
+    ``runtime.roles`` entries); roles it does not name take one CPU per actor. Raises
+    InputError naming ``runtime.roles.<role>.<key>``, the value and what is allowed."""
     if not isinstance(mapping, dict):
         raise InputError(f"{_PREFIX} = {mapping!r}: expected a mapping of roles ({', '.join(ROLES)}) to resources")
     roles = {role: RolePlacement() for role in ROLES}

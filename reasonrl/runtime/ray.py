@@ -454,7 +454,7 @@ class Reservation:
         self.group = ray.util.placement_group(plan.bundles, strategy="PACK")
         if not self.group.wait(timeout_s):
             ray.util.remove_placement_group(self.group)
-            raise LimitError(f"runtime.placement: the cluster did not place the bundles {plan.bundles} "
+            raise LimitError(f"runtime.roles: the cluster did not place the bundles {plan.bundles} "
                              f"(roles {plan.members}) within {timeout_s} s; it has {ray.available_resources()} free")
 
     def options(self, role: str) -> dict[str, list]:

@@ -377,13 +377,6 @@ class RolloutFleet:
         self._stats = self._zero_stats()
         return out
 
-    # ------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
     def close(self) -> None:
         self.group.close()
 

@@ -146,14 +146,13 @@ class RolloutProducer:
 
     def state_dict(self) -> dict:
         """``sampler``, ``draws`` (prompts drawn so far: the next draw's index, hence its seed) and
-        the workers' states (``rollout``, ``reward``)."""
-        return {"sampler": self.sampler.state_dict(), "draws": self.draws,
-                "rollout": self.rollout.state_dict(), "reward": self.reward.state_dict()}
+        the reward worker's state. The rollout workers hold none: their weights are published
+        again after a restore."""
+        return {"sampler": self.sampler.state_dict(), "draws": self.draws, "reward": self.reward.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state["sampler"])
         self.draws = int(state["draws"])
-        self.rollout.load_state_dict(state["rollout"])
         self.reward.load_state_dict(state["reward"])
 
     def close(self) -> None:

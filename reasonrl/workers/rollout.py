@@ -201,13 +201,6 @@ class RolloutWorker:
         """Thread-safe: the running :meth:`stream` stops after its current decode step."""
         self._outbox.stop()
 
-    def state_dict(self) -> dict:
-        """``version``: the weights themselves are the policy's, published again after a restore."""
-        return {"version": self.version}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.version = int(state["version"])
-
     def close(self) -> None:
         """Stop the environment processes (multi-turn episodes); closing twice is harmless."""
         if self.agent is not None:

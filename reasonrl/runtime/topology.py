@@ -99,9 +99,11 @@ def plan(cfg: Config) -> Topology:
     cores = cfg.run.threads or available_cores()
     out: dict[str, RolePlan] = {}
 
-    def add(role: str, where: str, count: int, detail: str = "", threads: int = 0, timeout_s: float | None = None) -> None:
+    def add(role: str, where: str, count: int, detail: str = "", threads: int = 0, timeout_s: float | None = None,
+            colocate: str | None = None) -> None:
         spec = getattr(roles, role)
-        colocate = "" if spec.colocate in ("auto", "none") else spec.colocate
+        if colocate is None:
+            colocate = "" if spec.colocate in ("auto", "none") else spec.colocate
         out[role] = RolePlan(role, where, count, threads, spec.cpus, spec.gpus, colocate,
                              spec.timeout_s if timeout_s is None else timeout_s, detail)
 
@@ -121,8 +123,8 @@ def plan(cfg: Config) -> Topology:
         if cfg.train.strategy == "fsdp":
             raise InputError("runtime.roles.rollout.colocate = policy: FSDP shards the policy's module, which a "
                              "rollout worker sharing it cannot sample from; set runtime.roles.rollout.colocate=none")
-        add("rollout", "thread", rollout.count, f"{cfg.rollout.backend} backend over the policy's own module")
-        out["rollout"] = _replace_colocate(out["rollout"], "policy")
+        add("rollout", "thread", rollout.count, f"{cfg.rollout.backend} backend over the policy's own module",
+            colocate="policy")
     else:
         add("rollout", remote, rollout.count, f"{cfg.rollout.backend} backend, weights of their own",
             threads=rollout.threads or max(1, cores // rollout.count))
@@ -148,10 +150,6 @@ def rank_timeout_s(cfg: Config) -> float:
     """How long a call to the trainer ranks may take: a collective's own timeout
     (``runtime.collective_timeout_s``) on top of the step's budget (``runtime.roles.policy.timeout_s``)."""
     return cfg.runtime.collective_timeout_s + cfg.runtime.roles.policy.timeout_s
-
-
-def _replace_colocate(p: RolePlan, colocate: str) -> RolePlan:
-    return RolePlan(p.role, p.where, p.count, p.threads, p.cpus, p.gpus, colocate, p.timeout_s, p.detail)
 
 
 class _Factory:

@@ -334,23 +334,22 @@ class RolloutFleet:
         """Every worker samples with its staged weights, which must be ``version``; a worker
         replaced meanwhile loads them at its restart."""
         self.current = self.staged
-        pids = self.group.pids
-        for i, future in enumerate(self.group.submit("load_staged", version)):
-            try:
-                future.result(timeout=self.timeout_s)
-            except self.failures as err:
-                self._replace(_Task(i, [], future, pids[i]), err)
+        self._on_every_worker("load_staged", version)
 
     def _deliver(self, method: str, update: WeightsUpdate) -> None:
         began = time.perf_counter()
+        self._on_every_worker(method, update)
+        self.weight_sync_s = time.perf_counter() - began
+
+    def _on_every_worker(self, method: str, arg) -> None:
+        """``method(arg)`` on every worker, each waited for; a worker that fails is replaced
+        (its replacement starts from the current and staged weights)."""
         pids = self.group.pids
-        futures = self.group.submit(method, update)
-        for i, future in enumerate(futures):
+        for i, future in enumerate(self.group.submit(method, arg)):
             try:
                 future.result(timeout=self.timeout_s)
             except self.failures as err:
                 self._replace(_Task(i, [], future, pids[i]), err)
-        self.weight_sync_s = time.perf_counter() - began
 
     # ------------------------------------------------------------ per-worker figures
     def _zero_stats(self) -> list[dict[str, float]]:

@@ -20,6 +20,7 @@ once, in the caller's thread, bounded by the process group's own collective time
 
 from __future__ import annotations
 
+import os
 import uuid
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
@@ -110,11 +111,12 @@ class RankGroup:
 
     def close(self) -> None:
         """Close every rank (each leaves the process group); after a failed call, kill the rank
-        processes instead of waiting for calls that may never end."""
+        processes instead of waiting for calls that may never end (a rank in this process is
+        closed: it cannot be killed, and its collectives have already timed out)."""
+        here = os.getpid()
         for group in reversed(self.groups):
-            kill = getattr(group, "kill", None)
-            if self.broken and kill is not None:
-                kill()
+            if self.broken and here not in group.pids:
+                group.kill()
             else:
                 group.close()
         self.groups = []

@@ -33,6 +33,7 @@ from reasonrl.errors import InputError
 from reasonrl.resilience.faults import FaultPlan
 from reasonrl.reward.base import Grades
 from reasonrl.reward.pool import RewardPool
+from reasonrl.runtime.pool import PoolStart
 from reasonrl.train.distributed import Recorder
 
 Clock = Callable[[], int]
@@ -198,7 +199,7 @@ class FaultyRewards(_Wrapper):
         k = min(count, len(texts))
         fn = sleeping_reward if kind == "reward_timeout" else raising_reward
         timeout = self.inner.cfg.runtime.roles.reward.timeout_s
-        with RewardPool(f"{__name__}:{fn.__name__}", workers=1, timeout_s=timeout, max_consecutive_failures=k) as drill:
+        with RewardPool(f"{__name__}:{fn.__name__}", PoolStart("reward", 1, timeout), max_consecutive_failures=k) as drill:
             bad = drill.score(texts[:k], [p.ground_truth for p in prompts[:k]])
         good = self.inner.grade(texts[k:], prompts[k:])
         grades = Grades(torch.cat([bad.scores, good.scores]), torch.cat([bad.acc, good.acc]),

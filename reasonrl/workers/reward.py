@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 from reasonrl import algo
 from reasonrl.config import Config
@@ -15,8 +16,10 @@ from reasonrl.types import Prompt, RolloutBatch, ScoredBatch
 
 class RewardWorker:
     """Grades rollouts with ``reward.fn`` (per data source ``reward.by_source``, plus the
-    ``reward.format`` reward) in ``runtime.roles.reward.count`` processes (with a timeout per
-    sample), then adds DAPO's soft overlong punishment.
+    ``reward.format`` reward) in the workers ``workers`` starts (a
+    :class:`~reasonrl.runtime.pool.PoolStart` of ``runtime.roles.reward``: processes or Ray
+    actors, with a timeout per sample; None: in this process), then adds DAPO's soft overlong
+    punishment.
 
     score = grade(decode(response), ground truth, row) + overlong_penalty(length)   (the
     penalty only with ``algo.overlong_buffer > 0``)
@@ -26,12 +29,10 @@ class RewardWorker:
     so the overlong punishment measures it against ``env.max_tokens``.
     """
 
-    def __init__(self, cfg: Config, model_dir: str | Path) -> None:
+    def __init__(self, cfg: Config, model_dir: str | Path, workers: Callable[..., Any] | None = None) -> None:
         self.cfg = cfg
         self.tokenizer = load_tokenizer(model_dir)
-        r = cfg.resilience
-        role = cfg.runtime.roles.reward
-        self.pool = RewardPool(cfg.reward, role.count, role.timeout_s, r.reward_max_failures)
+        self.pool = RewardPool(cfg.reward, workers, cfg.resilience.reward_max_failures)
 
     def decode(self, rollout: RolloutBatch) -> list[str]:
         """The response texts, special tokens stripped."""
@@ -69,5 +70,5 @@ class RewardWorker:
         self.pool.consecutive_failures = int(state["consecutive_failures"])
 
     def close(self) -> None:
-        """Stop the grading processes."""
+        """Stop the grading workers."""
         self.pool.close()

@@ -11,6 +11,7 @@ from reasonrl.reward import Grader, gsm8k_score, score_batch
 from reasonrl.reward.base import parse_by_source, row_fields
 from reasonrl.reward.format import answer_line_format, boxed_format, format_rule, think_format
 from reasonrl.reward.pool import RewardPool
+from reasonrl.runtime.pool import PoolStart
 from reasonrl.types import Prompt
 
 ROWS = [{"data_source": "gsm8k", "extra_info": {"index": 7}, "ability": "math"},
@@ -86,7 +87,7 @@ def test_worker_processes_grade_rows_like_this_process():
     cfg = RewardConfig(fn="tests.reward_fixtures:by_row", by_source=("math=dapo",), format="re:^gsm")
     texts, truths = ["gsm8k:7", "Answer: 2"], ["x", "2"]
     expected = score_batch(Grader.from_config(cfg), texts, truths, ROWS)
-    with RewardPool(cfg, workers=1, timeout_s=30) as pool:
+    with RewardPool(cfg, PoolStart("reward", 1, 30)) as pool:
         got = pool.score(texts, truths, ROWS)
     assert got.scores.tolist() == expected.scores.tolist() == pytest.approx([1.1, 1.0])
     assert got.preds == expected.preds == ["gsm8k:7", "2"]

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from reasonrl.reward.base import load_reward_fn, score_batch
 from reasonrl.reward.pool import RewardFailureError, RewardPool
+from reasonrl.runtime.pool import PoolStart
 
 FLAKY = '''
 import time
@@ -36,8 +37,13 @@ def flaky(tmp_path, monkeypatch) -> str:
     return "flaky_reward:score"
 
 
-def child_pids() -> set[int]:
-    return {int(pid) for f in Path("/proc/self/task").glob("*/children") for pid in f.read_text().split()}
+def workers(count: int, timeout_s: float = 5.0) -> PoolStart | None:
+    """``count`` reward worker processes (None: grade in this process)."""
+    return PoolStart("reward", count, timeout_s) if count else None
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
 
 
 def assert_same(got, expected) -> None:
@@ -46,10 +52,10 @@ def assert_same(got, expected) -> None:
     assert (got.errors, got.preds, got.extras) == (expected.errors, expected.preds, expected.extras)
 
 
-@pytest.mark.parametrize("workers", [0, 1, 2])
-def test_scores_equal_score_batch(flaky, workers):
+@pytest.mark.parametrize("count", [0, 1, 2])
+def test_scores_equal_score_batch(flaky, count):
     expected = score_batch(load_reward_fn(flaky), TEXTS, TRUTHS)
-    with RewardPool(flaky, workers=workers) as pool:
+    with RewardPool(flaky, workers(count)) as pool:
         got = pool.score(TEXTS, TRUTHS)
         assert_same(got, expected)
         assert_same(pool.score(TEXTS, TRUTHS), expected)
@@ -61,8 +67,8 @@ def test_scores_equal_score_batch(flaky, workers):
 def test_timeout_sample_fails_while_the_others_are_scored(flaky):
     texts = ["Answer: 1", "sleep", "Answer: 3", "Answer: 5"]
     truths = ["1", "2", "3", "4"]
-    with RewardPool(flaky, workers=1, timeout_s=0.3) as pool:
-        workers_before = child_pids()
+    with RewardPool(flaky, workers(1, timeout_s=0.3)) as pool:
+        workers_before = pool.pids
         began = time.monotonic()
         g = pool.score(texts, truths)
         scores, acc, failed, errors = g.scores, g.acc, g.failed, g.errors
@@ -70,13 +76,13 @@ def test_timeout_sample_fails_while_the_others_are_scored(flaky):
         assert failed.tolist() == [False, True, False, False]
         assert errors == ["sample 1: timeout after 0.3s"]
         assert scores.tolist() == [1.0, -1.0, 1.0, -1.0] and acc.tolist() == [True, False, True, False]
-        replaced = child_pids()
-        assert len(replaced) == len(workers_before) and replaced != workers_before  # the stuck worker was replaced
+        replaced = pool.pids
+        assert len(replaced) == 1 and replaced != workers_before and not alive(workers_before[0])  # replaced
         assert pool.score(["Answer: 2"], ["2"]).scores.tolist() == [1.0]
 
 
 def test_consecutive_failures_across_calls_raise(flaky):
-    with RewardPool(flaky, workers=0, max_consecutive_failures=3) as pool:
+    with RewardPool(flaky, max_consecutive_failures=3) as pool:
         pool.score(["raise", "raise", "Answer: 1"], ["1"] * 3)  # a success resets the count
         pool.score(["Answer: 1", "raise", "raise"], ["1"] * 3)
         with pytest.raises(RewardFailureError, match=r"4 samples in a row failed .*bad input"):
@@ -84,18 +90,20 @@ def test_consecutive_failures_across_calls_raise(flaky):
 
 
 def test_no_worker_process_outlives_close(flaky):
-    before = child_pids()
-    pool = RewardPool(flaky, workers=2, timeout_s=0.2)
-    assert len(child_pids() - before) == 2
+    pool = RewardPool(flaky, workers(2, timeout_s=0.2))
+    started = pool.pids
+    assert len(started) == 2 and all(alive(pid) for pid in started)
     pool.score(["sleep", "Answer: 1", "sleep"], ["1", "1", "1"])
+    replaced = pool.pids
+    assert replaced[0] != started[0] and not alive(started[0])  # the first worker hung on sample 0
     pool.close()
     pool.close()
-    assert child_pids() == before  # killed workers were reaped too: no zombies
+    assert not any(alive(pid) for pid in started + replaced)  # killed workers were reaped too: no zombies
 
 
 def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match="nope"):
-        RewardPool("nope", workers=0)
-    with RewardPool("dapo", workers=0) as pool:
+        RewardPool("nope")
+    with RewardPool("dapo") as pool:
         with pytest.raises(ValueError, match="2 texts but 1"):
             pool.score(["a", "b"], ["a"])

@@ -11,6 +11,7 @@ import pytest
 from reasonrl.errors import InputError
 from reasonrl.reward import boxed_score, dapo_score, load_reward_fn
 from reasonrl.reward.pool import RewardPool
+from reasonrl.runtime.pool import PoolStart
 from reasonrl.reward.verify import TIMEOUT_S
 
 pytest.importorskip("math_verify")
@@ -68,7 +69,7 @@ def test_math_verify_outside_the_main_thread_still_scores():
 
 
 def test_math_verify_in_reward_worker_processes():
-    with RewardPool("math_verify", workers=1, timeout_s=30) as pool:
+    with RewardPool("math_verify", PoolStart("reward", 1, 30)) as pool:
         g = pool.score(["\\boxed{\\dfrac{1}{2}}", "Answer: 3"], ["0.5", "4"])
     assert g.acc.tolist() == [True, False] and g.scores.tolist() == [1.0, -1.0] and not g.failed.any()
 
@@ -78,7 +79,7 @@ def test_a_pathological_answer_returns_in_bounded_time_inside_a_worker_process()
     worker's main thread) ends the comparison, the sample is wrong, not failed, and the worker
     scores the next one."""
     tower = "\\boxed{" + "9^{" * 12 + "9" + "}" * 12 + "}"
-    with RewardPool("math_verify", workers=1, timeout_s=30) as pool:
+    with RewardPool("math_verify", PoolStart("reward", 1, 30)) as pool:
         start = time.monotonic()
         g = pool.score([tower, "\\boxed{2}"], ["1", "2"])
         elapsed = time.monotonic() - start

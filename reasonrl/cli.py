@@ -199,6 +199,7 @@ def cmd_env_check(args: argparse.Namespace) -> int:
     when a check fails (wrong return types, a reset that ignores or misreads its seed, errors,
     slow calls)."""
     from reasonrl.env.check import env_check
+    from reasonrl.runtime.pool import PoolStart
 
     if args.list:
         from reasonrl.env.registry import ENVS
@@ -209,7 +210,8 @@ def cmd_env_check(args: argparse.Namespace) -> int:
         raise InputError("env-check: expected an environment name (a shipped one: --list; module:Class; or path/to/file.py:Class)")
     cfg = load(None, [f"env.name={args.name}", *args.overrides])
     e = cfg.env
-    report = env_check(e.name, e.args, args.episodes, args.seed, args.policy, cfg.runtime.roles.env.timeout_s,
+    workers = PoolStart("env", 1, cfg.runtime.roles.env.timeout_s)  # a hanging call is reported, never waited on
+    report = env_check(e.name, e.args, args.episodes, args.seed, args.policy, workers,
                        args.max_turns or e.max_turns, e.tools, e.tool_call_pattern, e.tool_response_format)
     print(report.describe())
     return 0 if report.passed else 1

@@ -5,11 +5,13 @@
     report.problems                   # [] when it passed
 
 Every episode runs twice at once on the same seed with the same actions, in two slots of an
-:class:`~reasonrl.env.pool.EnvPool` with one worker process (so a hanging call is reported
-after ``step_timeout_s``, never waited on). Problems found:
+:class:`~reasonrl.env.pool.EnvPool` over ``workers`` (a
+:class:`~reasonrl.runtime.pool.PoolStart` of one worker process, as ``reasonrl env-check``
+gives it: a hanging call is reported after its timeout, never waited on; None: in this
+process). Problems found:
 
 - a reset or step that raises, returns the wrong types (:func:`~reasonrl.env.base.check_step`'s
-  message, naming the method and the field), or takes longer than ``step_timeout_s``;
+  message, naming the method and the field), or takes longer than the workers' timeout;
 - the two copies disagreeing: a reset whose observation is not determined by its seed, or a
   step whose transition (observation, reward, terminated, truncated) is not determined by the
   seed and the actions so far (an env drawing from a random state it shares with other envs,
@@ -120,7 +122,7 @@ class _Problems:
 
 
 def env_check(name: str, args: dict[str, Any] | None = None, episodes: int = 20, seed: int = 0,
-              policy: str = "random", step_timeout_s: float = 10.0, max_turns: int = 50,
+              policy: str = "random", workers: Callable[..., Any] | None = None, max_turns: int = 50,
               tools: Sequence[str] = (), tool_call_pattern: str = TOOL_CALL_PATTERN,
               tool_response_format: str = TOOL_RESPONSE_FORMAT) -> EnvCheckReport:
     """Play ``episodes`` episodes of ``name`` (built as :func:`~reasonrl.env.registry.make_env`
@@ -137,7 +139,7 @@ def env_check(name: str, args: dict[str, Any] | None = None, episodes: int = 20,
     report = EnvCheckReport(name, args, policy, range(seed, seed + episodes))
     problems = _Problems()
     played: list[tuple[int, str, list[str]]] = []
-    with EnvPool(name, args, size=2, workers=1, step_timeout_s=step_timeout_s, tools=tools,
+    with EnvPool(name, args, size=2, workers=workers, tools=tools,
                  tool_call_pattern=tool_call_pattern, tool_response_format=tool_response_format) as pool:
         for episode_seed in report.seeds:
             episode = _play_episode(pool, episode_seed, play, max_turns, report, problems)

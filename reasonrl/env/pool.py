@@ -1,53 +1,46 @@
 """Many environments stepped in parallel in worker processes, each call with a timeout.
 
-    with EnvPool("grid", {"size": 4}, size=8, workers=2, step_timeout_s=10.0) as pool:
+    with EnvPool("grid", {"size": 4}, size=8, workers=start) as pool:   # start: reasonrl.runtime.pool.PoolStart
         firsts = pool.reset_many([0, 1, 2, 3, 4, 5, 6, 7])   # (observation, info) | EnvFailure, by slot
         steps = pool.step_many(["R", None, "D", "U", "L", "R", "R", "D"])   # Step | EnvFailure | None
 
 The pool holds ``size`` episode slots; slot ``i`` lives in worker ``i % workers`` (each worker
-process builds one env per slot it holds, by :func:`~reasonrl.env.registry.make_env`). A call
-sends each worker the calls of its slots at once, so workers run in parallel while each runs
-its own slots one after another; every result is checked by
+builds one env per slot it holds, by :func:`~reasonrl.env.registry.make_env`). ``workers`` is
+how the workers start (a :class:`~reasonrl.runtime.pool.PoolStart`: ``count`` processes, at
+most ``size`` used, each call bounded by its ``timeout_s``); the runtime's
+:class:`~reasonrl.runtime.pool.WorkerPool` sends the calls and replaces a worker that hangs
+or dies. A call sends each worker the calls of its slots at once, so workers run in parallel
+while each runs its own slots one after another; every result is checked by
 :func:`~reasonrl.env.base.check_reset` / :func:`~reasonrl.env.base.check_step`. A slot whose
-env raises, returns something malformed, or takes longer than ``step_timeout_s`` gets an
+env raises, returns something malformed, or takes longer than the timeout gets an
 :class:`EnvFailure` instead of a result, and the other slots go on.
 
 A call past the timeout (or a worker that dies) costs more than its own slot: the worker is
 killed and replaced by a fresh one, and every episode it held is gone. That call fails
 (kind ``timeout``, or ``died``), the worker's other calls not answered yet fail (kind
 ``died``), and its slots whose episodes were in progress fail at their next step (kind
-``died``, without calling anything); the results it had already sent stand. Any slot can be reset after a failure and used again. A call may name fewer than
-``size`` slots (the first ones: a last, smaller wave of episodes); ``size`` itself is fixed:
-build a new pool for another (``EnvPool.from_config(cfg.env, size)``).
+``died``, without calling anything); the results it had already sent stand. Any slot can be
+reset after a failure and used again. A call may name fewer than ``size`` slots (the first
+ones: a last, smaller wave of episodes); ``size`` itself is fixed: build a new pool for
+another (``EnvPool.from_config(cfg.env, size, workers)``).
 
-``workers=0`` runs the envs in this process: the same checks and failures, no timeouts.
+``workers=None`` runs the envs in this process: the same checks and failures, no timeouts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import multiprocessing
-import signal
+import pickle
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import wait
-from multiprocessing.reduction import ForkingPickler
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
-from reasonrl.config.schema import EnvConfig, RoleConfig
+from reasonrl.config.schema import EnvConfig
 from reasonrl.env.base import Env, EnvProtocolError, Reset, Step, check_reset, check_step
 from reasonrl.env.registry import make_env
 from reasonrl.env.tools import TOOL_CALL_PATTERN, TOOL_RESPONSE_FORMAT
 from reasonrl.errors import InputError, error_line
-
-START_TIMEOUT_S = 60.0
-"""Seconds a new worker has to import and build its envs."""
-STOP_TIMEOUT_S = 2.0
-"""Seconds a worker asked to stop has to close its envs before it is killed."""
-
 
 @dataclass(frozen=True)
 class EnvFailure:
@@ -97,137 +90,87 @@ def _outcome(slot: int, status: str, payload: Any) -> Any:
     return payload if status == "ok" else EnvFailure(slot, payload, status)
 
 
-def _encode(slot: int, method: str, status: str, payload: Any, seconds: float) -> bytes:
-    """The message ``(slot, status, payload, seconds)`` pickled as ``Connection.send`` pickles
-    it; a result that does not pickle becomes a ``protocol`` failure."""
+def _sendable(method: str, status: str, payload: Any, seconds: float) -> tuple[str, Any, float]:
+    """``(status, payload, seconds)`` if it pickles (it travels back to the pool); else a
+    ``protocol`` failure saying so."""
     try:
-        return ForkingPickler.dumps((slot, status, payload, seconds))
+        pickle.dumps(payload, protocol=5)
     except Exception as e:  # noqa: BLE001 - whatever pickling raises (PicklingError, TypeError, ...)
-        message = f"{method}() returned a result that cannot be sent from the env worker: {error_line(e)}"
-        return ForkingPickler.dumps((slot, "protocol", message, seconds))
+        return "protocol", f"{method}() returned a result that cannot be sent from the env worker: {error_line(e)}", seconds
+    return status, payload, seconds
 
 
-def _worker_main(conn, spec: _EnvSpec, slots: list[int]) -> None:
-    """Worker loop: build one env per slot and send ``""`` (or why not), then receive lists of
-    ``(slot, method, argument)`` and send ``(slot, status, payload, seconds)`` for each as it
-    is done; ``None`` or a closed pipe ends it (closing the envs)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    try:
-        envs = {slot: spec.build() for slot in slots}
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
-        conn.send((str(e) if isinstance(e, InputError) else "") or error_line(e))
-        return
-    try:
-        conn.send("")
-        while (calls := conn.recv()) is not None:
-            for slot, method, argument in calls:
-                conn.send_bytes(_encode(slot, method, *_call(envs[slot], method, argument)))
-    except (EOFError, OSError):
-        pass
-    finally:
-        for env in envs.values():
+class EnvWorker:
+    """What an env worker process runs: one env of ``spec`` per slot of ``slots``. An env that
+    cannot be built is an InputError (raised in the pool's process when the worker starts)."""
+
+    def __init__(self, spec: _EnvSpec, slots: list[int]) -> None:
+        try:
+            self.envs = {slot: spec.build() for slot in slots}
+        except Exception as e:  # noqa: BLE001 - every failure to build an env is the env's input
+            raise InputError(str(e) if isinstance(e, InputError) else error_line(e)) from None
+
+    def call(self, slot: int, method: str, argument: Any) -> tuple[str, Any, float]:
+        """``env.reset(argument)`` or ``env.step(argument)`` of slot ``slot``, checked:
+        ``(status, checked result or message, seconds)``, status ``ok``, ``error`` or ``protocol``."""
+        return _sendable(method, *_call(self.envs[slot], method, argument))
+
+    def close(self) -> None:
+        """Close every env (the process ends after: an env's failure to close is not reported)."""
+        for env in self.envs.values():
             close = getattr(env, "close", None)
             if callable(close):
-                with contextlib.suppress(Exception):  # the process ends: nothing is left to tell
+                with contextlib.suppress(Exception):
                     close()
-
-
-class _Worker:
-    """One worker process, its slots, the calls it was sent and has not answered yet (in
-    order), and when the one it is running times out."""
-
-    def __init__(self, ctx, spec: _EnvSpec, slots: list[int]) -> None:
-        self.spec, self.slots = spec, slots
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child_conn, spec, slots), name="reasonrl-env",
-                                daemon=True)
-        self.proc.start()
-        child_conn.close()
-        self.pending: deque[tuple[int, str]] = deque()
-        self.deadline = math.inf
-
-    def wait_ready(self) -> None:
-        """Return once the worker has built its envs; InputError with the worker's message
-        when it could not, RuntimeError when it did not answer within START_TIMEOUT_S."""
-        if not self.conn.poll(START_TIMEOUT_S):
-            self.stop(kill=True)
-            raise RuntimeError(f"env worker for env.name = {self.spec.name!r}: no answer {START_TIMEOUT_S:g}s "
-                               "after it started")
-        try:
-            error = self.conn.recv()
-        except EOFError:
-            self.proc.join(timeout=1.0)
-            error = f"env.name = {self.spec.name!r}: the env worker exited with code {self.proc.exitcode}"
-        if error:
-            self.stop(kill=True)
-            raise InputError(error)
-
-    def stop(self, kill: bool) -> None:
-        """End the process (asking first unless ``kill``), reap it and close the pipe."""
-        if not kill:
-            with contextlib.suppress(OSError):
-                self.conn.send(None)
-            self.proc.join(timeout=STOP_TIMEOUT_S)
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join()
-        self.conn.close()
-
-
-def _start_method() -> str:
-    """``forkserver`` (a worker never inherits the trainer's threads), else ``spawn``."""
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 class EnvPool:
     """``size`` episode slots of the env ``name`` (``env.name``, built with ``args`` and
-    ``tools`` as :func:`~reasonrl.env.registry.make_env` builds it) over ``workers`` processes (at
-    most ``size``), every call bounded by ``step_timeout_s`` (see the module).
+    ``tools`` as :func:`~reasonrl.env.registry.make_env` builds it) over the workers ``workers``
+    starts (a :class:`~reasonrl.runtime.pool.PoolStart`, at most ``size`` of its ``count``; None:
+    in this process), every call bounded by the workers' timeout (see the module).
 
     ``last_call_s[i]`` is how long slot ``i``'s env took in the last call that reached it
-    (None when it timed out or its worker died); ``replacements`` counts replaced workers. An
-    env that cannot be built is an InputError here, when the pool starts. Use as a context
-    manager, or call ``close()``.
+    (None when it timed out or its worker died); ``replacements`` counts replaced workers;
+    ``pids`` are the workers' process ids. An env that cannot be built is an InputError here,
+    when the pool starts. Use as a context manager, or call ``close()``.
     """
 
-    def __init__(self, name: str, args: dict[str, Any] | None = None, size: int = 1, workers: int = 1,
-                 step_timeout_s: float = 10.0, tools: Sequence[str] = (),
+    def __init__(self, name: str, args: dict[str, Any] | None = None, size: int = 1,
+                 workers: Callable[..., Any] | None = None, tools: Sequence[str] = (),
                  tool_call_pattern: str = TOOL_CALL_PATTERN, tool_response_format: str = TOOL_RESPONSE_FORMAT):
         if type(size) is not int or size < 1:
             raise ValueError(f"EnvPool size: got {size!r}, expected an integer >= 1")
-        if type(workers) is not int or workers < 0:
-            raise InputError(f"runtime.roles.env.count = {workers!r}: expected an integer >= 0")
-        if not step_timeout_s > 0:
-            raise InputError(f"runtime.roles.env.timeout_s = {step_timeout_s!r}: expected a number > 0")
         self.size = size
-        self.step_timeout_s = float(step_timeout_s)
-        self.replacements = 0
         self.last_call_s: list[float | None] = [None] * size
         self._spec = _EnvSpec(name, dict(args or {}), tuple(tools), tool_call_pattern, tool_response_format)
         self._in_episode = [False] * size
         self._lost: list[str | None] = [None] * size
         self._envs: list[Env] = []
-        self._workers: list[_Worker] = []
-        if workers == 0:
+        self._pool = None
+        if workers is None:
             self._envs = [self._spec.build() for _ in range(size)]
             return
-        self._ctx = multiprocessing.get_context(_start_method())
-        count = min(workers, size)
-        try:
-            self._workers = [_Worker(self._ctx, self._spec, list(range(w, size, count))) for w in range(count)]
-            for worker in self._workers:
-                worker.wait_ready()
-        except BaseException:
-            self.close()
-            raise
+        count = min(workers.count, size)
+        self._slots = [list(range(w, size, count)) for w in range(count)]
+        self._pool = workers(EnvWorker, [(self._spec, slots) for slots in self._slots])
 
     @classmethod
-    def from_config(cls, env: EnvConfig, role: RoleConfig, size: int) -> EnvPool:
+    def from_config(cls, env: EnvConfig, size: int, workers: Callable[..., Any] | None = None) -> EnvPool:
         """The pool of ``env.*`` (``name``, ``args``, ``tools``, ``tool_call_pattern``,
-        ``tool_response_format``) with ``size`` slots over ``role.count`` processes
-        (``runtime.roles.env``), each call bounded by ``role.timeout_s``."""
-        return cls(env.name, env.args, size, role.count, role.timeout_s, env.tools, env.tool_call_pattern,
-                   env.tool_response_format)
+        ``tool_response_format``) with ``size`` slots over the workers ``workers`` starts
+        (``runtime.roles.env``; None: in this process)."""
+        return cls(env.name, env.args, size, workers, env.tools, env.tool_call_pattern, env.tool_response_format)
+
+    @property
+    def replacements(self) -> int:
+        """How many workers were replaced so far."""
+        return 0 if self._pool is None else self._pool.restarts_done
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids (none when the envs run in this process)."""
+        return [] if self._pool is None else self._pool.pids
 
     def reset_many(self, seeds: Sequence[int]) -> list[Reset | EnvFailure]:
         """Reset slot ``i`` with ``seeds[i]`` for the first ``len(seeds)`` slots (at most
@@ -258,9 +201,9 @@ class EnvPool:
 
     def close(self) -> None:
         """Stop every worker (which closes its envs) and close the in-process envs (idempotent)."""
-        workers, self._workers = self._workers, []
-        for worker in workers:
-            worker.stop(kill=False)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
         envs, self._envs = self._envs, []
         for env in envs:
             close = getattr(env, "close", None)
@@ -283,7 +226,7 @@ class EnvPool:
         """Every call's result by slot (None where there is no call), the slots' episode
         state brought up to date."""
         casualties: dict[int, str] = {}
-        if self._workers:
+        if self._pool is not None:
             results = self._run_in_workers(calls, casualties)
         else:
             results = [None] * self.size
@@ -302,67 +245,36 @@ class EnvPool:
         return results
 
     def _run_in_workers(self, calls: list[tuple[str, Any] | None], casualties: dict[int, str]) -> list[Any]:
-        """Send each worker its slots' calls, then collect the results as they come, failing
-        (and replacing the worker of) a call that runs past the timeout."""
-        results: list[Any] = [None] * self.size
-        for worker in list(self._workers):
-            batch = [(slot, *calls[slot]) for slot in worker.slots if calls[slot] is not None]
-            if not batch:
-                continue
-            worker.pending.extend((slot, method) for slot, method, _ in batch)
-            worker.deadline = time.monotonic() + self.step_timeout_s
-            try:
-                worker.conn.send(batch)
-            except OSError:
-                worker.proc.join(timeout=1.0)
-                self._replace(worker, results, casualties, "died",
-                              f"the env worker had ended (exit code {worker.proc.exitcode})")
-        while busy := [w for w in self._workers if w.pending]:
-            timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
-            ready = wait([w.conn for w in busy], timeout)
-            for worker in busy:
-                if worker.conn in ready:
-                    self._receive(worker, results, casualties)
-                elif worker.deadline <= time.monotonic():
-                    method = worker.pending[0][1]
-                    self._replace(worker, results, casualties, "timeout",
-                                  f"{method}() took longer than runtime.roles.env.timeout_s = {self.step_timeout_s:g}s")
+        """Send each worker its slots' calls, then collect the results as they come. A call
+        that times out or ends its worker fails, and so do the calls lost with that worker;
+        the worker's other slots become ``casualties`` (their episodes are gone)."""
+        pool, results = self._pool, [None] * self.size
+        for worker, slots in enumerate(self._slots):
+            for slot in slots:
+                if calls[slot] is not None:
+                    pool.submit(worker, "call", slot, *calls[slot], key=(slot, calls[slot][0]))
+        lost_why: dict[int, str] = {}
+        while pool.busy:
+            for done in pool.wait():
+                (slot, method), worker = done.key, done.index
+                self.last_call_s[slot] = None
+                if done.outcome == "ok":
+                    status, payload, self.last_call_s[slot] = done.value
+                    results[slot] = _outcome(slot, status, payload)
+                elif done.outcome == "error":
+                    results[slot] = EnvFailure(slot, f"{method}() failed in the env worker: {error_line(done.value)}",
+                                               "error")
+                elif done.outcome == "lost":
+                    results[slot] = EnvFailure(slot, lost_why[worker], "died")
+                else:
+                    if done.outcome == "timeout":
+                        message = f"{method}() took longer than runtime.roles.env.timeout_s = {pool.timeout_s:g}s"
+                        kind, what = "timeout", "timed out"
+                    else:
+                        message, kind, what = f"{method}() ended the env worker ({done.value})", "died", "ended it"
+                    results[slot] = EnvFailure(slot, message, kind)
+                    lost_why[worker] = (f"lost with its env worker, replaced after slot {slot}'s {method}() {what}; "
+                                        "reset the slot")
+        for worker, why in lost_why.items():
+            casualties.update({slot: why for slot in self._slots[worker] if not isinstance(results[slot], EnvFailure)})
         return results
-
-    def _receive(self, worker: _Worker, results: list[Any], casualties: dict[int, str]) -> None:
-        """Store every result the worker has sent; a worker that died fails the call it was on."""
-        try:
-            while worker.pending and worker.conn.poll():
-                slot, status, payload, seconds = worker.conn.recv()
-                worker.pending.popleft()
-                results[slot] = _outcome(slot, status, payload)
-                self.last_call_s[slot] = seconds
-                worker.deadline = time.monotonic() + self.step_timeout_s
-        except (EOFError, OSError):
-            worker.proc.join(timeout=1.0)
-            method = worker.pending[0][1]
-            self._replace(worker, results, casualties, "died",
-                          f"{method}() ended the env worker (exit code {worker.proc.exitcode})")
-
-    def _replace(self, worker: _Worker, results: list[Any], casualties: dict[int, str], kind: str,
-                 message: str) -> None:
-        """Fail the call ``worker`` is on with ``message``, and the calls after it as lost;
-        note its other slots as casualties (their episodes are gone); start a new worker in
-        its place."""
-        slot, method = worker.pending.popleft()
-        results[slot] = EnvFailure(slot, message, kind)
-        self.last_call_s[slot] = None
-        why = (f"lost with its env worker, replaced after slot {slot}'s {method}() "
-               f"{'timed out' if kind == 'timeout' else 'ended it'}; reset the slot")
-        failed = {slot}
-        for other, _ in worker.pending:
-            results[other] = EnvFailure(other, why, "died")
-            self.last_call_s[other] = None
-            failed.add(other)
-        worker.pending.clear()
-        casualties.update({other: why for other in worker.slots if other not in failed})
-        worker.stop(kill=True)
-        index = self._workers.index(worker)
-        self._workers[index] = _Worker(self._ctx, self._spec, worker.slots)
-        self.replacements += 1
-        self._workers[index].wait_ready()

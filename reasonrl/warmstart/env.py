@@ -308,7 +308,7 @@ def sampled_success(model, tokenizer, e: EnvConfig, seeds: list[int], max_new_to
         if callable(close):
             close()
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
-    with EnvPool(e.name, e.args, size=len(seeds), workers=0, tools=e.tools, tool_call_pattern=e.tool_call_pattern,
+    with EnvPool(e.name, e.args, size=len(seeds), tools=e.tools, tool_call_pattern=e.tool_call_pattern,
                  tool_response_format=e.tool_response_format) as pool:
         loop = AgentLoop(backend, pool, tokenizer, e, (eos,), pad)
         was_training = model.training

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -74,7 +74,8 @@ class RolloutWorker:
     (:class:`~reasonrl.rollout.partial.PartialRollouts`).
     """
 
-    def __init__(self, cfg: Config, model_dir: str | Path, module: torch.nn.Module | None = None) -> None:
+    def __init__(self, cfg: Config, model_dir: str | Path, module: torch.nn.Module | None = None,
+                 env_workers: Callable[..., Any] | None = None) -> None:
         model_dir = Path(model_dir)
         tokenizer = load_tokenizer(model_dir)
         self.shares_weights = module is not None
@@ -90,8 +91,8 @@ class RolloutWorker:
         self.episodic = bool(cfg.env.name)
         """Whether each rollout is a multi-turn episode (``env.name``): :meth:`generate` then
         takes the prompts themselves (``states``), whose ``extra["seed"]`` resets the environments."""
-        self.agent = AgentLoop(self.backend, EnvPool.from_config(cfg.env, cfg.runtime.roles.env, episode_slots(cfg)), tokenizer, cfg.env,
-                               self.eos_ids, self.pad_id) if self.episodic else None
+        self.agent = AgentLoop(self.backend, EnvPool.from_config(cfg.env, episode_slots(cfg), env_workers), tokenizer,
+                               cfg.env, self.eos_ids, self.pad_id) if self.episodic else None
         self.precision = cfg.train.precision
         self.device = cfg.run.device
         self.version = 0

@@ -4,6 +4,7 @@ ToolEnv, EnvPool (failures, timeouts, dead workers) and env_check."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 
@@ -11,7 +12,6 @@ import numpy as np
 import pytest
 
 from reasonrl.config import EnvConfig
-from reasonrl.config.schema import EnvRoleConfig
 from reasonrl.env import (EnvCheckReport, EnvFailure, EnvPool, EnvProtocolError, GridEnv, GymTextAdapter,
                           ToolArithEnv, ToolCall, ToolCallError, ToolEnv, check_reset, check_step, env_attribute,
                           env_check, make_env, parse_tool_calls)
@@ -20,8 +20,18 @@ from reasonrl.env.calculator import CalculatorError, calculate
 from reasonrl.env.grid import parse_move
 from reasonrl.env.tools import CALCULATOR, PYTHON, TOOLS, check_response_format, format_tool_call, tool_call_regex
 from reasonrl.errors import InputError
+from reasonrl.runtime.pool import PoolStart
 
 FIXTURES = "tests.env_fixtures"
+
+
+def workers(count: int, timeout_s: float = 10.0) -> PoolStart | None:
+    """``count`` env worker processes, each call bounded by ``timeout_s`` (None: in this process)."""
+    return PoolStart("env", count, timeout_s) if count else None
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
 
 
 def call(expression: str) -> str:
@@ -321,13 +331,13 @@ def test_make_env_adapts_gymnasium_style_keywords_without_gymnasium():
 # --- EnvPool ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("count", [0, 1, 2])
 @pytest.mark.parametrize("name, turns", [("grid", [["R", "U", "x"], [None, "R", "L"]]),  # a wall, ice, a hole
                                          ("tool_arith", [[call("1+1"), "hi", "Answer: 3"], ["Answer: 1", "x", None]])])
-def test_pool_results_equal_in_process_results(workers, name, turns):
+def test_pool_results_equal_in_process_results(count, name, turns):
     envs = [make_env(name) for _ in range(3)]
     seeds = [4, 5, 4]
-    with EnvPool(name, {}, size=3, workers=workers, step_timeout_s=5.0) as pool:
+    with EnvPool(name, {}, size=3, workers=workers(count, 5.0)) as pool:
         assert pool.reset_many(seeds) == [env.reset(seed) for env, seed in zip(envs, seeds)]
         for actions in turns:
             expected = [None if a is None else env.step(a) for env, a in zip(envs, actions)]
@@ -336,9 +346,9 @@ def test_pool_results_equal_in_process_results(workers, name, turns):
         assert pool.replacements == 0
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_pool_env_errors_fail_their_slot_only(workers):
-    with EnvPool(f"{FIXTURES}:Faulty", {}, size=3, workers=workers, step_timeout_s=5.0) as pool:
+@pytest.mark.parametrize("count", [0, 2])
+def test_pool_env_errors_fail_their_slot_only(count):
+    with EnvPool(f"{FIXTURES}:Faulty", {}, size=3, workers=workers(count, 5.0)) as pool:
         assert pool.reset_many([1, -1, 3]) == [("seed 1", {}), EnvFailure(1, "reset() raised ValueError: negative seed",
                                                                           "error"), ("seed 3", {})]
         got = pool.step_many(["raise", None, "a"])
@@ -346,7 +356,7 @@ def test_pool_env_errors_fail_their_slot_only(workers):
         with pytest.raises(ValueError, match="slot 0 has no episode in progress"):
             pool.step_many(["a", None, None])
         got = pool.step_many([None, None, "lambda"])[2]  # an info that does not pickle
-        if workers:
+        if count:
             assert got.kind == "protocol" and got.message.startswith("step() returned a result that cannot be sent")
         else:
             assert got[0] == "x"
@@ -355,7 +365,7 @@ def test_pool_env_errors_fail_their_slot_only(workers):
 
 
 def test_pool_reports_protocol_violations():
-    with EnvPool(f"{FIXTURES}:WrongReward", {}, size=2, workers=1, step_timeout_s=5.0) as pool:
+    with EnvPool(f"{FIXTURES}:WrongReward", {}, size=2, workers=workers(1, 5.0)) as pool:
         pool.reset_many([0, 1])
         assert pool.step_many(["a", None]) == [
             EnvFailure(0, "step() returned reward of type str, expected a number", "protocol"), None]
@@ -363,8 +373,8 @@ def test_pool_reports_protocol_violations():
 
 def test_pool_timeout_kills_the_worker_and_the_pool_goes_on():
     # slots 0 and 2 live in worker 0, slot 1 in worker 1
-    with EnvPool(f"{FIXTURES}:Faulty", {}, size=3, workers=2, step_timeout_s=0.5) as pool:
-        old = pool._workers[0].proc
+    with EnvPool(f"{FIXTURES}:Faulty", {}, size=3, workers=workers(2, 0.5)) as pool:
+        old = pool.pids[0]
         pool.reset_many([0, 1, 2])
         start = time.monotonic()
         got = pool.step_many(["hang", "a", "a"])
@@ -372,7 +382,7 @@ def test_pool_timeout_kills_the_worker_and_the_pool_goes_on():
         assert got[0] == EnvFailure(0, "step() took longer than runtime.roles.env.timeout_s = 0.5s", "timeout")
         assert got[1] == ("a 1", 0.0, False, False, {})
         assert got[2].kind == "died" and "replaced after slot 0's step() timed out" in got[2].message
-        assert pool.replacements == 1 and not old.is_alive()
+        assert pool.replacements == 1 and pool.pids[0] != old and not alive(old)
         assert pool.step_many([None, "b", None]) == [None, ("b 2", 0.0, False, False, {}), None]
         assert pool.reset_many([5, 6, 7])[0] == ("seed 5", {})
         assert pool.step_many(["c", "c", "c"]) == [("c 1", 0.0, False, False, {}), ("c 1", 0.0, False, False, {}),
@@ -385,10 +395,11 @@ def test_pool_timeout_kills_the_worker_and_the_pool_goes_on():
 
 
 def test_pool_replaces_a_worker_that_dies():
-    with EnvPool(f"{FIXTURES}:Faulty", {}, size=2, workers=1, step_timeout_s=5.0) as pool:
+    with EnvPool(f"{FIXTURES}:Faulty", {}, size=2, workers=workers(1, 5.0)) as pool:
         pool.reset_many([0, 1])
         got = pool.step_many(["exit", "a"])
-        assert got[0] == EnvFailure(0, "step() ended the env worker (exit code 3)", "died")
+        assert got[0].kind == "died" and got[0].message.startswith("step() ended the env worker")
+        assert "exit code 3" in got[0].message
         assert got[1].kind == "died"
         assert pool.replacements == 1
         pool.reset_many([0, 1])
@@ -397,14 +408,14 @@ def test_pool_replaces_a_worker_that_dies():
 
 def test_pool_start_errors_are_input_errors_and_close_reaps_workers():
     with pytest.raises(InputError, match="env.args.size = 1"):
-        EnvPool("grid", {"size": 1}, size=2, workers=1)
+        EnvPool("grid", {"size": 1}, size=2, workers=workers(1))
     with pytest.raises(InputError, match="Exploding': building it .* no GPU here"):
-        EnvPool(f"{FIXTURES}:Exploding", size=1, workers=1)
+        EnvPool(f"{FIXTURES}:Exploding", size=1, workers=workers(1))
     with pytest.raises(InputError, match="runtime.roles.env.timeout_s = 0"):
-        EnvPool("grid", size=1, step_timeout_s=0)
-    pool = EnvPool.from_config(EnvConfig(name="grid"), EnvRoleConfig(count=3), size=4)
-    procs = [w.proc for w in pool._workers]
-    assert len(procs) == 3 and all(p.is_alive() for p in procs)
+        workers(1, timeout_s=0)
+    pool = EnvPool.from_config(EnvConfig(name="grid"), size=4, workers=workers(3))
+    procs = pool.pids
+    assert len(procs) == 3 and all(alive(p) for p in procs)
     with pytest.raises(ValueError, match="5 seeds for 4 slots"):
         pool.reset_many([0, 1, 2, 3, 4])
     # the first slots only: a smaller wave
@@ -415,7 +426,7 @@ def test_pool_start_errors_are_input_errors_and_close_reaps_workers():
         pool.step_many([None, None, "D"])
     pool.close()
     pool.close()
-    assert not any(p.is_alive() for p in procs)
+    assert not any(alive(p) for p in procs)
 
 
 # --- env_check ----------------------------------------------------------------------------------
@@ -424,7 +435,7 @@ def test_pool_start_errors_are_input_errors_and_close_reaps_workers():
 @pytest.mark.parametrize("name", ["grid", "tool_arith"])
 @pytest.mark.parametrize("policy", ["random", "scripted"])
 def test_env_check_passes_the_shipped_envs(name, policy):
-    report = env_check(name, {}, episodes=10, policy=policy)
+    report = env_check(name, {}, episodes=10, policy=policy, workers=workers(1))
     assert report.problems == [] and report.passed
     assert len(report.returns) == len(report.lengths) == 10
     assert report.endings["failed"] == 0 and report.endings["cut"] == 0
@@ -441,7 +452,7 @@ def test_env_check_passes_the_shipped_envs(name, policy):
     ("NoisyStep", "random", "seed 0, turn 1 (action"),
 ])
 def test_env_check_names_the_problem(env, policy, message):
-    report = env_check(f"{FIXTURES}:{env}", episodes=3, policy=policy, max_turns=3)
+    report = env_check(f"{FIXTURES}:{env}", episodes=3, policy=policy, max_turns=3, workers=workers(1))
     assert not report.passed
     assert any(message in p for p in report.problems), report.problems
     assert "FAIL" in report.describe() and message in report.describe()
@@ -451,13 +462,13 @@ def test_env_check_names_the_problem(env, policy, message):
 def test_env_check_passes_an_env_whose_seed_shows_after_the_first_observation(policy):
     """Guess-the-number: one first observation for all seeds, but the seed's secret decides the
     replies and rewards of the same actions, so the seed is used: no problem, no warning."""
-    report = env_check(f"{FIXTURES}:GuessNumber", episodes=5, policy=policy, max_turns=3)
+    report = env_check(f"{FIXTURES}:GuessNumber", episodes=5, policy=policy, max_turns=3, workers=workers(1))
     assert report.passed and report.warnings == [], report.describe()
     assert report.describe().endswith("PASS")
 
 
 def test_env_check_warns_where_the_seed_changes_nothing_observable():
-    report = env_check(f"{FIXTURES}:SeedIgnored", episodes=3, policy="scripted", max_turns=3)
+    report = env_check(f"{FIXTURES}:SeedIgnored", episodes=3, policy="scripted", max_turns=3, workers=workers(1))
     assert report.passed, report.problems
     assert report.warnings == ["all 3 seeds gave the same first observation 'start', and the 1 actions of seed 0's "
                                "episode gave the same steps on every seed: the seed changes nothing observable "
@@ -467,10 +478,11 @@ def test_env_check_warns_where_the_seed_changes_nothing_observable():
 
 
 def test_env_check_reports_raising_and_hanging_envs():
-    report = env_check(f"{FIXTURES}:Faulty", {"script": ["a", "raise"]}, episodes=2, policy="scripted")
+    report = env_check(f"{FIXTURES}:Faulty", {"script": ["a", "raise"]}, episodes=2, policy="scripted", workers=workers(1))
     assert report.problems == ["seed 0: step() raised ValueError: boom (in 2 episodes)"]
     assert report.endings["failed"] == 2
-    report = env_check(f"{FIXTURES}:Faulty", {"script": ["hang"]}, episodes=1, policy="scripted", step_timeout_s=0.5)
+    report = env_check(f"{FIXTURES}:Faulty", {"script": ["hang"]}, episodes=1, policy="scripted",
+                       workers=workers(1, 0.5))
     assert report.problems == ["seed 0: step() took longer than runtime.roles.env.timeout_s = 0.5s"]
 
 

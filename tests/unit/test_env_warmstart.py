@@ -96,7 +96,7 @@ def test_examples_are_the_agent_loops_trajectories_with_labels_on_its_action_tok
     demos = W.demonstrations(e, range(10, 26), mix, random.Random(1))
     assert all(not d.unlabelled for d in demos)
     scripts = [[ids(a) + [EOS] for a in d.actions] for d in demos]
-    with EnvPool(name, args, size=len(demos), workers=0) as pool:
+    with EnvPool(name, args, size=len(demos)) as pool:
         loop = AgentLoop(ScriptedBackend(scripts), pool, TOK, e, (EOS,), PAD)
         prompts = [ids(d.observations[0]) for d in demos]
         batch = loop.generate(prompts, 1, SamplingParams(max_new_tokens=96), list(range(len(prompts))),

@@ -32,7 +32,7 @@ from reasonrl.rollout.fleet import FLEET_CONCURRENT, RolloutFleet
 from reasonrl.rollout.source import AsyncSource, RolloutProducer
 from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
 from reasonrl.runtime.group import ThreadGroup
-from reasonrl.runtime.topology import Topology, rank_threads, spawn
+from reasonrl.runtime.topology import Topology, pool_start, rank_threads, spawn
 from reasonrl.types import Prompt
 from reasonrl.warmstart import resolve_model_dir
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker
@@ -121,8 +121,9 @@ def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
             critic = spawn(topology["critic"], CriticWorker, [(cfg, model_dir)], reservation=reservation)
         source = _rollout_source(cfg, topology, run, model_dir, rank0, train.prompts, train.ids, tokenizer.pad_token_id,
                                  reservation, kinds)
-        evaluation = RolloutWorker(_colocated(cfg), model_dir, module=rank0.module)
-        evaluator = Evaluator(cfg, evaluation, RewardWorker(cfg, model_dir), test.prompts, test.ids)
+        evaluation = RolloutWorker(_colocated(cfg), model_dir, module=rank0.module, env_workers=_env_workers(topology, run.emit))
+        validation_rewards = pool_start(topology["reward"], part=1, reservation=reservation, emit=run.emit)
+        evaluator = Evaluator(cfg, evaluation, RewardWorker(cfg, model_dir, validation_rewards), test.prompts, test.ids)
     except BaseException:
         for close in reversed(closers):
             close()
@@ -140,16 +141,16 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
 
     def launch() -> ThreadGroup:
         if role.where == "thread":
-            args = [(cfg, model_dir, rank0.module, 0) for _ in range(role.count)]
-        else:
-            args = [(cfg, model_dir, None, role.threads) for _ in range(role.count)]
+            args = [(cfg, model_dir, rank0.module, 0, _env_workers(topology, run.emit)) for _ in range(role.count)]
+        else:  # the events of environment workers in another process have no way back
+            args = [(cfg, model_dir, None, role.threads, _env_workers(topology, None)) for _ in range(role.count)]
         workers = spawn(role, build_rollout_worker, args, concurrent=FLEET_CONCURRENT, wrap=wrap, reservation=reservation)
         try:
             probe = workers.submit_to(0, "capabilities").result(timeout=role.timeout_s)
             fleet = RolloutFleet(workers, pad_id=pad_id, streams=probe["streams"], episodic=probe["episodic"],
                                  timeout_s=role.timeout_s, max_restarts=cfg.resilience.rollout_restarts,
                                  failures=(WorkerDied, WorkerTimeout), detector=run.slow, clock=run.clock, emit=run.emit)
-            reward = RewardWorker(cfg, model_dir)
+            reward = RewardWorker(cfg, model_dir, pool_start(topology["reward"], reservation=reservation, emit=run.emit))
             if kinds & {"reward_timeout", "reward_error"}:
                 reward = FaultyRewards(reward, run.faults, run.clock)
             producer = RolloutProducer(cfg, fleet, reward, prompts, ids, pad_id)
@@ -171,13 +172,19 @@ def _hosted(worker: Any) -> Any:
     return worker
 
 
-def build_rollout_worker(cfg: Config, model_dir: Path, module, threads: int) -> RolloutWorker:
+def build_rollout_worker(cfg: Config, model_dir: Path, module, threads: int, env_workers) -> RolloutWorker:
     """Rollout worker built where it runs: over the policy's own ``module`` (a thread of the
     controller's process), or with weights of its own and torch set to ``threads`` threads
-    (a process or a Ray actor)."""
+    (a process or a Ray actor); ``env_workers`` starts its environment workers there."""
     if module is None:
         setup_torch(threads, cfg.run.deterministic)
-    return RolloutWorker(cfg, model_dir, module=module)
+    return RolloutWorker(cfg, model_dir, module=module, env_workers=env_workers)
+
+
+def _env_workers(topology: Topology, emit: Callable[..., None] | None):
+    """How a rollout worker starts its environment workers (None: no env, or envs in the
+    rollout worker's own process); their restarts go to ``emit``."""
+    return pool_start(topology["env"], emit=emit) if "env" in topology else None
 
 
 def ray_reservation(cfg: Config, topology: Topology, model_dir: Path):

@@ -50,6 +50,7 @@ from reasonrl.reward.math import INVALID
 from reasonrl.rollout.base import generate_for
 from reasonrl.rollout.seeds import combine, group_seed
 from reasonrl.runtime import setup_torch
+from reasonrl.runtime.pool import PoolStart
 from reasonrl.samples import sample_records
 from reasonrl.types import Prompt, SamplingParams
 from reasonrl.workers import RewardWorker, RolloutWorker
@@ -309,14 +310,24 @@ def _evaluate_model(cfg: Config, source: ModelSource, datasets: list[Dataset]) -
             _stderr(note)
     prompts = [p for kept in tokens for p in kept.prompts]
     ids = [row for kept in tokens for row in kept.ids]
-    reward = RewardWorker(cfg, source.path)
+    roles = cfg.runtime.roles
+    reward = RewardWorker(cfg, source.path, _processes("reward", roles.reward.count, roles.reward.timeout_s))
     try:
-        evaluator = Evaluator(cfg, RolloutWorker(cfg, source.path), reward, prompts, ids, rows=len(prompts))
-        with tqdm(total=len(prompts), desc=f"eval {source.name}", unit="prompt", file=sys.stderr,
-                  disable=not cfg.run.progress, dynamic_ncols=True) as bar:
-            return evaluator.evaluate(source.step, "eval", bar.update)
+        rollout = RolloutWorker(cfg, source.path, env_workers=_processes("env", roles.env.count, roles.env.timeout_s))
+        try:
+            evaluator = Evaluator(cfg, rollout, reward, prompts, ids, rows=len(prompts))
+            with tqdm(total=len(prompts), desc=f"eval {source.name}", unit="prompt", file=sys.stderr,
+                      disable=not cfg.run.progress, dynamic_ncols=True) as bar:
+                return evaluator.evaluate(source.step, "eval", bar.update)
+        finally:
+            rollout.close()
     finally:
         reward.close()
+
+
+def _processes(role: str, count: int, timeout_s: float) -> PoolStart | None:
+    """``count`` worker processes of ``role`` (``reasonrl eval`` runs on this machine), None for none."""
+    return PoolStart(role, count, timeout_s) if count else None
 
 
 def results_json(cfg: Config, evaluations: list[ModelEvaluation], samples: Path) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Reward functions for tests, loaded by import path (reward.fn=tests.reward_fixtures:NAME)."""
 
 import hashlib
+import time
 
 
 def coin(response: str, ground_truth: str) -> dict:
@@ -28,3 +29,11 @@ def by_row(response: str, ground_truth: str, data_source: str, extra_info: dict 
 def every_field(response: str, ground_truth: str, **row) -> dict:
     """Scores the number of row fields it was given, and lists their names."""
     return {"score": float(len(row)), "pred": ",".join(sorted(row))}
+
+
+def sleepy(response: str, ground_truth: str) -> dict:
+    """Hangs (30 s) on the response ``sleep``; otherwise right when the response is the ground truth."""
+    if response == "sleep":
+        time.sleep(30)
+    ok = response == ground_truth
+    return {"score": 1.0 if ok else -1.0, "acc": ok}

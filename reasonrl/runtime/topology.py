@@ -14,8 +14,11 @@ and environment workers, trainer ranks 1..N-1) or as a ``ray`` actor (every role
 policy's rank 0 with ``runtime.engine=ray``). Every count, thread count, resource and call
 timeout of a role is ``runtime.roles.<role>.*``.
 
-Reward and environment workers are processes of the worker that uses them (the rollout
-producer's reward worker; each rollout worker's environment pool): ``count`` is per user.
+Reward and environment workers belong to the pool that uses them (``count`` is per pool),
+started by :func:`pool_start`: the reward workers of the rollout producer and those of
+validation are two pools, processes of the controller's process, or Ray actors placed by
+``runtime.roles.reward`` with ``runtime.engine=ray`` (each pool in bundles of its own); the
+environment workers are processes of each rollout worker, on Ray too (inside its actor).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from reasonrl.config import Config
 from reasonrl.config.rules import rollout_shares_policy
 from reasonrl.errors import InputError
 from reasonrl.runtime.group import LocalGroup, ThreadGroup
+from reasonrl.runtime.pool import PoolStart
 from reasonrl.runtime.process import ProcessGroup
 from reasonrl.runtime.threads import available_cores
 
@@ -41,7 +45,8 @@ class RolePlan:
     """One role: ``where`` it runs (:data:`WHERE`), ``count`` workers, torch ``threads`` each
     (0: the controller's), ``cpus``/``gpus`` per worker (Ray's reservation), ``colocate``
     (the role whose process or bundle it shares; empty: its own), the ``timeout_s`` of each
-    call to it, and ``detail``: what a reader should know about it."""
+    call to it, ``detail``: what a reader should know about it, and ``pools``: how many
+    pools of ``count`` workers the run starts (reward: the rollout producer's and validation's)."""
 
     role: str
     where: str
@@ -52,6 +57,7 @@ class RolePlan:
     colocate: str
     timeout_s: float
     detail: str = ""
+    pools: int = 1
 
     def line(self) -> str:
         """``rollout   process x2   threads 1, timeout 600 s   (fast backend, weights of their own)``:
@@ -66,7 +72,8 @@ class RolePlan:
         if self.where != "inline":
             parts.append(f"timeout {_fmt(self.timeout_s)} s")
         detail = f"   ({self.detail})" if self.detail else ""
-        return f"{self.role:<10}{self.where} x{self.count:<4}{', '.join(parts)}{detail}".rstrip()
+        count = f"{self.count}" if self.pools == 1 else f"{self.pools}x{self.count}"
+        return f"{self.role:<10}{self.where} x{count:<4}{', '.join(parts)}{detail}".rstrip()
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,9 @@ class Topology:
         return [self.roles[r].line() for r in ROLES if r in self.roles]
 
     def ray_actors(self) -> dict[str, int]:
-        """The roles that run as Ray actors and how many actors each (the reservation's)."""
-        return {r: p.count - (r == "policy") for r, p in self.roles.items() if p.where == "ray" and p.count - (r == "policy")}
+        """The roles that run as Ray actors and how many actors each, every pool counted (the reservation's)."""
+        counts = {r: p.count * p.pools - (r == "policy") for r, p in self.roles.items() if p.where == "ray"}
+        return {r: n for r, n in counts.items() if n}
 
 
 def plan(cfg: Config) -> Topology:
@@ -100,12 +108,12 @@ def plan(cfg: Config) -> Topology:
     out: dict[str, RolePlan] = {}
 
     def add(role: str, where: str, count: int, detail: str = "", threads: int = 0, timeout_s: float | None = None,
-            colocate: str | None = None) -> None:
+            colocate: str | None = None, pools: int = 1) -> None:
         spec = getattr(roles, role)
         if colocate is None:
             colocate = "" if spec.colocate in ("auto", "none") else spec.colocate
         out[role] = RolePlan(role, where, count, threads, spec.cpus, spec.gpus, colocate,
-                             spec.timeout_s if timeout_s is None else timeout_s, detail)
+                             spec.timeout_s if timeout_s is None else timeout_s, detail, pools)
 
     ranks = cfg.runtime.trainer_ranks
     add("policy", "inline" if ranks == 1 else remote, ranks,
@@ -129,12 +137,13 @@ def plan(cfg: Config) -> Topology:
         add("rollout", remote, rollout.count, f"{cfg.rollout.backend} backend, weights of their own",
             threads=rollout.threads or max(1, cores // rollout.count))
     if roles.reward.count:
-        add("reward", "process", roles.reward.count, "grading processes of the rollout producer")
+        add("reward", remote, roles.reward.count, "a pool for the rollout producer and one for validation", pools=2)
     else:
         add("reward", "inline", 1, "graded on the rollout producer's thread; no time limit per sample")
     if cfg.env.name:
         if roles.env.count:
-            add("env", "process", roles.env.count, "environment processes of each rollout worker")
+            add("env", "process", roles.env.count, "environment processes of each rollout worker"
+                + (", inside its actor" if engine == "ray" else ""))
         else:
             add("env", "inline", 1, "stepped in each rollout worker; no time limit per step")
     return Topology(engine, out)
@@ -188,6 +197,23 @@ def spawn(role: RolePlan, factory: Callable[..., Any], args_per_worker: list[tup
     options = reservation.options(role.role) if reservation is not None else {}
     return RayGroup(build, indexed, role.role, timeout_s=role.timeout_s, start_timeout_s=role.timeout_s,
                     concurrent=concurrent, **options)
+
+
+def pool_start(role: RolePlan, *, part: int = 0, reservation=None, emit: Callable[..., None] | None = None
+               ) -> PoolStart | None:
+    """How the workers of pool ``part`` (of ``role.pools``) of a pooled role (reward, env)
+    start: ``role.count`` workers where ``role`` says, each call bounded by ``role.timeout_s``,
+    restarts reported to ``emit``; on Ray in that pool's bundles of ``reservation``. None
+    where the role is inline (its pool works in the caller's process)."""
+    if role.where == "inline":
+        return None
+    if not 0 <= part < role.pools:
+        raise ValueError(f"pool_start({role.role}): pool {part} of {role.pools}")
+    options = None
+    if role.where == "ray" and reservation is not None:
+        mine = slice(part * role.count, (part + 1) * role.count)
+        options = {name: per_actor[mine] for name, per_actor in reservation.options(role.role).items()}
+    return PoolStart(role.role, role.count, role.timeout_s, role.where, ray_options=options, emit=emit)
 
 
 def _fmt(x: float) -> str:

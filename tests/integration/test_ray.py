@@ -17,11 +17,13 @@ import torch
 if importlib.util.find_spec("ray") is None:  # not importorskip: connect() must be the first to import ray
     pytest.skip("ray is not installed (pip install 'reasonrl[ray]')", allow_module_level=True)
 
-from reasonrl.config import RuntimeConfig
+from reasonrl.config import RuntimeConfig, load
 from reasonrl.errors import InputError, LimitError
 from reasonrl.runtime import WorkerDied, WorkerTimeout, gather
 from reasonrl.runtime import ray as rayrt
+from reasonrl.reward.pool import RewardPool
 from reasonrl.runtime.placement import check_fits, parse_placement
+from reasonrl.runtime.topology import plan as plan_topology, pool_start
 from reasonrl.types import WeightsUpdate
 from tests.ray_fixtures import Receiver, Refused, is_loopback, listening_sockets, process_tree
 from tests.worker_fixtures import Counter, broken
@@ -52,7 +54,7 @@ def test_importing_the_runtime_never_imports_ray():
 
 _JOIN = """
 import sys
-from reasonrl.config import RuntimeConfig
+from reasonrl.config import RuntimeConfig, load
 from reasonrl.errors import InputError
 from reasonrl.runtime import ray as rayrt
 from tests.worker_fixtures import Counter
@@ -135,6 +137,43 @@ def test_a_killed_actor_fails_its_calls_with_worker_died_and_restart_brings_it_b
         assert group.call("add", 1) == [1, 6]  # a new worker from the same arguments; the other kept its state
     finally:
         group.close()
+
+
+def test_reward_workers_are_actors_placed_by_runtime_roles_reward_and_a_timeout_fails_one_sample(cluster):
+    cfg = load(None, ["runtime.engine=ray", "runtime.roles.reward.count=1", "runtime.roles.reward.cpus=0.5",
+                      "runtime.roles.reward.timeout_s=2", "reward.fn=tests.reward_fixtures:sleepy"])
+    topology = plan_topology(cfg)
+    actors = topology.ray_actors()
+    assert actors["reward"] == 2  # the rollout producer's pool and validation's
+    reward = topology["reward"]
+    placement = parse_placement({"reward": {"cpus": reward.cpus, "gpus": reward.gpus}}).plan({"reward": actors["reward"]})
+    assert placement.bundles == [{"CPU": 0.5}, {"CPU": 0.5}]
+    reservation = rayrt.Reservation(placement, timeout_s=30)
+    events = []
+    try:
+        pool = RewardPool(cfg.reward, pool_start(reward, part=1, reservation=reservation,
+                                                 emit=lambda kind, **fields: events.append((kind, fields))))
+        try:
+            [old] = pool.pids
+            import ray
+
+            free = ray.available_resources()
+            group = reservation.group.id.hex()
+            assert free.get(f"CPU_group_0_{group}") == 0.5 and f"CPU_group_1_{group}" not in free  # in validation's bundle
+            began = time.monotonic()
+            grades = pool.score(["1", "sleep", "3"], ["1", "2", "4"])
+            assert time.monotonic() - began < 20
+            assert grades.failed.tolist() == [False, True, False] and grades.acc.tolist() == [True, False, False]
+            assert grades.errors == ["sample 1: timeout after 2s"]
+            [new] = pool.pids
+            assert new != old
+            assert events == [("worker_restarted", {"role": "reward", "index": 0, "pid": old, "new_pid": new,
+                                                    "reason": "timeout: no answer within 2 s"})]
+            assert pool.score(["5"], ["5"]).acc.tolist() == [True]  # the new actor grades
+        finally:
+            pool.close()
+    finally:
+        reservation.close()
 
 
 def test_placement_errors_name_the_key_and_an_impossible_placement_fails_at_once(cluster):

@@ -10,7 +10,8 @@ from reasonrl.config import load
 from reasonrl.errors import InputError
 from reasonrl.runtime import LocalGroup, ProcessGroup
 from reasonrl.runtime.group import ThreadGroup
-from reasonrl.runtime.topology import plan, spawn
+from reasonrl.runtime.pool import PoolStart
+from reasonrl.runtime.topology import plan, pool_start, spawn
 from tests.worker_fixtures import Tagged, tag_worker
 
 
@@ -38,8 +39,32 @@ def test_ray_puts_every_role_but_rank_0_in_actors():
     roles, topology = where(["runtime.engine=ray", "runtime.roles.rollout.count=2", "algo.adv_estimator=gae",
                              "runtime.trainer_ranks=2", "env.name=grid"])
     assert roles["rollout"] == ("ray", 2, "") and roles["critic"] == ("ray", 1, "") and roles["policy"] == ("ray", 2, "")
-    assert roles["env"] == ("process", 2, "")
+    assert roles["env"] == ("process", 2, "") and "inside its actor" in topology["env"].line()
     assert topology.ray_actors() == {"policy": 1, "critic": 1, "rollout": 2}
+
+
+def test_reward_workers_are_ray_actors_on_ray_two_pools_of_count_and_processes_elsewhere():
+    roles, topology = where(["runtime.engine=ray", "runtime.roles.reward.count=2", "runtime.roles.reward.timeout_s=7",
+                             "env.name=grid", "runtime.roles.env.count=3"])
+    assert roles["reward"] == ("ray", 2, "") and topology["reward"].pools == 2
+    assert topology.ray_actors()["reward"] == 4  # the rollout producer's pool and validation's, each in its bundles
+    assert topology["reward"].line().split()[1:3] == ["ray", "x2x2"]
+
+    class Reservation:  # the shape of reasonrl.runtime.ray.Reservation.options
+        def options(self, role):
+            return {"resources": [{"CPU": 1.0}] * 4, "placement": [f"{role} bundle {i}" for i in range(4)]}
+
+    second = pool_start(topology["reward"], part=1, reservation=Reservation())
+    assert (second.where, second.count, second.timeout_s) == ("ray", 2, 7.0)
+    assert second.ray_options["placement"] == ["reward bundle 2", "reward bundle 3"]
+    assert pool_start(topology["env"]) == PoolStart("env", 3, topology["env"].timeout_s)
+    with pytest.raises(ValueError, match="pool 2 of 2"):
+        pool_start(topology["reward"], part=2)
+    _, local = where(["runtime.roles.reward.count=2"])
+    assert pool_start(local["reward"]) == PoolStart("reward", 2, local["reward"].timeout_s)
+    assert local.ray_actors() == {}
+    _, inline = where([])
+    assert pool_start(inline["reward"]) is None
 
 
 def test_the_plan_prints_one_line_per_role_starting_with_its_name():

@@ -67,6 +67,7 @@ class RestartPolicy:
 
 
 Outcome = Literal["ok", "error", "timeout", "died", "lost"]
+"""What became of a call (:class:`Done`)."""
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,8 @@ def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
             critic = spawn(topology["critic"], CriticWorker, [(cfg, model_dir)], reservation=reservation)
         source = _rollout_source(cfg, topology, run, model_dir, rank0, train.prompts, train.ids, tokenizer.pad_token_id,
                                  reservation, kinds)
-        evaluation = RolloutWorker(_colocated(cfg), model_dir, module=rank0.module, env_workers=_env_workers(topology, run.emit))
+        evaluation = RolloutWorker(_colocated(cfg), model_dir, module=rank0.module,
+                                   env_workers=_env_workers(topology, run.emit))
         validation_rewards = pool_start(topology["reward"], part=1, reservation=reservation, emit=run.emit)
         evaluator = Evaluator(cfg, evaluation, RewardWorker(cfg, model_dir, validation_rewards), test.prompts, test.ids)
     except BaseException:

@@ -96,7 +96,8 @@ def _sendable(method: str, status: str, payload: Any, seconds: float) -> tuple[s
     try:
         pickle.dumps(payload, protocol=5)
     except Exception as e:  # noqa: BLE001 - whatever pickling raises (PicklingError, TypeError, ...)
-        return "protocol", f"{method}() returned a result that cannot be sent from the env worker: {error_line(e)}", seconds
+        why = f"{method}() returned a result that cannot be sent from the env worker: {error_line(e)}"
+        return "protocol", why, seconds
     return status, payload, seconds
 
 

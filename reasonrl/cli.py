@@ -242,6 +242,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ledger(args: argparse.Namespace) -> int:
+    """Every prompt draw of a run and its one fate (prompts.jsonl): counts per fate; exit 0
+    when every draw has exactly one, 1 naming the draws that break the rule."""
+    from reasonrl.ledger import check_ledger
+
+    ledger = check_ledger(args.run_dir)
+    print(ledger.describe())
+    return 0 if ledger.ok else 1
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from reasonrl.report import write_report
 
@@ -357,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace a previous export in OUT")
     p.add_argument("--step", type=int, default=None, help="export checkpoints/step_N (default: the newest valid checkpoint)")
     p.set_defaults(fn=cmd_export)
+    p = sub.add_parser("ledger", help="check that every prompt draw of a run has exactly one fate (trained, dropped "
+                                      "stale, filtered, left over); exit 1 naming the draws that do not")
+    p.add_argument("run_dir", help="the run directory (run.dir)")
+    p.set_defaults(fn=cmd_ledger)
     p = sub.add_parser("report")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None)

@@ -34,7 +34,7 @@ LAYERS: list[set[str]] = [
     {"workers"},
     {"runtime"},
     {"resilience"},
-    {"build", "controller", "experiments", "evaluation", "preflight", "report"},  # evaluation runs workers in groups
+    {"build", "controller", "experiments", "evaluation", "ledger", "preflight", "report"},  # evaluation runs workers in groups
     {"cli"},
 ]
 

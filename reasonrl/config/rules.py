@@ -216,6 +216,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "env.gamma": _UNIT,
     "runtime.trainer_ranks": _AT_LEAST_1,
     "runtime.collective_timeout_s": _POSITIVE,
+    "runtime.ray_join_timeout_s": _POSITIVE,
 }
 """Single-key rules: dotted key -> (predicate, what is allowed). Checked in this order,
 before the cross-key rules in ``validate`` (which may then divide by the sizes)."""

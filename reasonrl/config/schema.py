@@ -546,6 +546,9 @@ class RuntimeConfig:
     ray_address: str = ""
     """engine=ray: the cluster to join (also the RAY_ADDRESS variable); empty: start a local one
     with this machine's CPUs, listening on loopback only, dashboard off."""
+    ray_join_timeout_s: float = 30.0
+    """engine=ray with a ray_address: seconds the cluster has to answer (a running head answers
+    in a few); one that does not is an input error, exit 2 at once, never restarted."""
     roles: RolesConfig = field(default_factory=RolesConfig)
     """Where each role runs, how many workers, threads, resources and call timeouts
     (``runtime.roles.<role>.*``; ``reasonrl train --dry-run`` prints the plan)."""

@@ -59,9 +59,6 @@ OBJECT_STORE_BYTES = 256 * 2**20
 through it; an object larger than what is free spills to disk."""
 
 _LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-JOIN_TIMEOUT_S = 30.0
-"""Seconds a cluster given by address has to answer: a running head answers in a few; a wrong
-address is an input error (exit 2 at once), not a failure a restart would cure."""
 _CONCURRENT = "concurrent"  # concurrency group of the methods named in RayGroup(concurrent=...)
 _CONTROL = "control"  # concurrency group of the host's own pings, answered beside any call
 _PING_S = 5.0
@@ -121,7 +118,7 @@ def connect(runtime_cfg: RuntimeConfig, cpus: int | None = None, *, object_store
     A loopback address (``127.0.0.1:port``, ``localhost:port``) is joined on loopback only.
 
     Raises InputError for an address that no run can use or whose cluster does not answer
-    within ``min(timeout_s, JOIN_TIMEOUT_S)`` (naming what was tried), WorkerTimeout when
+    within ``min(timeout_s, runtime.ray_join_timeout_s)`` (naming what was tried), WorkerTimeout when
     starting a local cluster takes longer than ``timeout_s``,
     and RuntimeError when Ray was imported before this call and would listen on a routable
     address.
@@ -157,7 +154,8 @@ def connect(runtime_cfg: RuntimeConfig, cpus: int | None = None, *, object_store
     tried = f"ray.init({', '.join(f'{k}={v!r}' for k, v in join.items() if k in ('address', '_node_ip_address'))})"
     hint = f"check that the cluster's head runs and listens at that address, or leave {key} empty to start a local cluster"
     try:
-        keeper = _init_in_keeper(ray, join, f"{key} = {address!r}: no Ray cluster answered", min(timeout_s, JOIN_TIMEOUT_S))
+        keeper = _init_in_keeper(ray, join, f"{key} = {address!r}: no Ray cluster answered",
+                                 min(timeout_s, runtime_cfg.ray_join_timeout_s))
     except ValueError as err:
         raise InputError(f"{key} = {address!r}: {err}; expected the cluster's GCS address host:port or auto") from None
     except (ConnectionError, WorkerTimeout) as err:

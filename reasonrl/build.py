@@ -28,6 +28,7 @@ from reasonrl.resilience.collectives import TRACE_DIR, RankMonitor, launch_ranks
 from reasonrl.resilience.faults import FaultPlan
 from reasonrl.resilience.guards import SlowdownDetector
 from reasonrl.resilience.injection import FaultyPolicy, FaultyRewards, WorkerFaults
+from reasonrl.restarts import RestartPolicy
 from reasonrl.rollout.fleet import FLEET_CONCURRENT, RolloutFleet
 from reasonrl.rollout.source import AsyncSource, RolloutProducer
 from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
@@ -137,7 +138,7 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
                     prompts: list[Prompt], ids: list[list[int]], pad_id: int, reservation, kinds: set[str]) -> AsyncSource:
     """The rollout side: on :meth:`AsyncSource.publish`'s first call, the rollout workers are
     spawned, the fleet and the producer built, the producer hosted on a thread of its own."""
-    role = topology["rollout"]
+    role, rollout_role = topology["rollout"], cfg.runtime.roles.rollout
     wrap = WorkerFaults(run.faults) if "slow" in kinds else None
 
     def launch() -> ThreadGroup:
@@ -149,8 +150,11 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
         try:
             probe = workers.submit_to(0, "capabilities").result(timeout=role.timeout_s)
             fleet = RolloutFleet(workers, pad_id=pad_id, streams=probe["streams"], episodic=probe["episodic"],
-                                 timeout_s=role.timeout_s, max_restarts=cfg.resilience.rollout_restarts,
-                                 failures=(WorkerDied, WorkerTimeout), detector=run.slow, clock=run.clock, emit=run.emit)
+                                 timeout_s=role.timeout_s, restarts=RestartPolicy(budget=cfg.resilience.rollout_restarts),
+                                 group_retries=cfg.rollout.group_retries, failures=(WorkerDied, WorkerTimeout),
+                                 quarantine_ratio=rollout_role.quarantine_ratio,
+                                 quarantine_steps=rollout_role.quarantine_steps,
+                                 detector=run.slow, clock=run.clock, emit=run.emit)
             reward = RewardWorker(cfg, model_dir, pool_start(topology["reward"], reservation=reservation, emit=run.emit))
             if kinds & {"reward_timeout", "reward_error"}:
                 reward = FaultyRewards(reward, run.faults, run.clock)

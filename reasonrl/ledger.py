@@ -5,7 +5,8 @@
     ledger.ok                           # True when every draw has exactly one fate
 
 A run records, per step (``prompts.jsonl``), the draws its collects made with their
-scheduler fate (``kept``, ``all_correct``, ``all_wrong``, ``surplus``, ``aborted``), the kept
+scheduler fate (``kept``, ``all_correct``, ``all_wrong``, ``surplus``, ``aborted``, ``failed``: out
+of retries on the rollout fleet), the kept
 groups it trained and the kept groups dropped as stale; when it ends it records what was left
 (the ``rollout_leftover`` event: draws of collects not yet reported, groups still queued, stale
 drops not yet reported). A resumed run truncates ``prompts.jsonl`` to its checkpoint, so these
@@ -28,7 +29,7 @@ from pathlib import Path
 from reasonrl.errors import InputError
 from reasonrl.metrics import read_jsonl
 
-FATES = ("trained", "stale", "all_correct", "all_wrong", "surplus", "aborted", "left_over")
+FATES = ("trained", "stale", "all_correct", "all_wrong", "surplus", "aborted", "failed", "left_over")
 """The final fate of a draw, in the order :meth:`Ledger.describe` prints them."""
 
 

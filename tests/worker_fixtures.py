@@ -54,15 +54,18 @@ class ScriptedRollouts:
     rows and the decode step it completes at depend on its seed alone. ``stream`` reports
     groups step by step through a StreamOutbox, as RolloutWorker does; ``step_s`` paces it;
     ``die_at`` (a seed) makes the process exit when that group is generated, once: the file
-    ``flag`` marks that it did, so its replacement serves the group."""
+    ``flag`` marks that it did, so its replacement serves the group (without ``flag``: every
+    time); ``hang_at`` makes it sleep for good instead, and ``raise_at`` raise (-1: on every
+    call)."""
 
     streams = True
     episodic = False
 
-    def __init__(self, step_s: float = 0.0, die_at: int | None = None, flag: str = "") -> None:
+    def __init__(self, step_s: float = 0.0, die_at: int | None = None, flag: str = "", hang_at: int | None = None,
+                 raise_at: int | None = None) -> None:
         from reasonrl.rollout.fleet import StreamOutbox
 
-        self.step_s, self.die_at, self.flag = step_s, die_at, flag
+        self.step_s, self.die_at, self.flag, self.hang_at, self.raise_at = step_s, die_at, flag, hang_at, raise_at
         self.version = 0
         self.outbox = StreamOutbox()
         self.calls: list[list[int]] = []
@@ -113,9 +116,14 @@ class ScriptedRollouts:
         return {"entries": entries, "aborted": aborted, "aborted_lengths": lengths}
 
     def _maybe_die(self, seeds):
-        if self.die_at in seeds and not os.path.exists(self.flag):
-            open(self.flag, "w").close()
+        if self.die_at in seeds and not (self.flag and os.path.exists(self.flag)):
+            if self.flag:
+                open(self.flag, "w").close()
             os._exit(9)
+        if self.hang_at in seeds:
+            time.sleep(3600)
+        if self.raise_at == -1 or self.raise_at in seeds:
+            raise RuntimeError(f"injected error on seeds {list(seeds)}")
 
     def poll_stream(self, wait_s):
         return self.outbox.poll(wait_s)

@@ -180,6 +180,11 @@ class RolloutConfig:
     """async with the fast backend: a new version interrupts the generation in flight, whose
     unfinished samples go on with the new weights (partial rollouts; every token keeps the
     version that sampled it). false: new weights wait for the next generation call."""
+    group_retries: int = 3
+    """Failed dispatches a prompt group may have (its rollout worker died, hung, was quarantined
+    or raised) before it fails as a whole: a group is always generated again whole, never
+    trained from parts; a failed group is left out of the batch, recorded with the fate
+    ``failed`` in prompts.jsonl and counted (batch/failed_groups)."""
 
 
 @dataclass(frozen=True)
@@ -420,8 +425,9 @@ class ResilienceConfig:
     reward_max_failures: int = 64
     """Consecutive failed reward calls before the run stops with an error."""
     rollout_restarts: int = 3
-    """Replacements of rollout workers (dead, or silent past runtime.roles.rollout.timeout_s)
-    in a run before it stops with an error."""
+    """Restarts of one rollout worker in a row (dead, silent past runtime.roles.rollout.timeout_s,
+    or quarantined; a call it answers starts the count again) before the fleet gives it up and
+    the others serve on; the run stops with an error when none is left."""
 
 
 @dataclass(frozen=True)
@@ -492,8 +498,15 @@ class RolloutRoleConfig(RoleConfig):
     or mps), else none (on a CPU a process of its own decodes faster than a thread beside
     the trainer)."""
     timeout_s: float = 600.0
-    """A rollout worker that does not answer a call for this long is hung: it is replaced and
-    its groups are generated again elsewhere (so is one that dies)."""
+    """A rollout worker that does not answer a call for this long is hung: its groups go to the
+    other workers within the step and it is replaced in the background (so is one that dies)."""
+    quarantine_ratio: float = 5.0
+    """A rollout worker whose seconds per generated token exceed this many times the median of
+    the other workers' for quarantine_steps steps in a row is quarantined: taken out of service
+    and replaced (a rollout_worker_quarantined event); 0: never. Milder stragglers only get a
+    smaller share of the groups (resilience.slow_ratio)."""
+    quarantine_steps: int = 3
+    """Steps in a row a rollout worker must be past quarantine_ratio before it is quarantined."""
 
 
 @dataclass(frozen=True)

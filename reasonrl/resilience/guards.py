@@ -270,6 +270,10 @@ class SlowdownDetector:
             self.events.emit("slowdown", step, **{k: v for k, v in asdict(found).items() if k != "step"})
         return found
 
+    def forget(self, stage: str, worker: int) -> None:
+        """Drop the record of (stage, worker): a replaced worker is measured afresh."""
+        self._series.pop((stage, worker), None)
+
     def is_slow(self, stage: str, worker: int) -> bool:
         """True between the onset of a slowdown of (stage, worker) and its recovery."""
         series = self._series.get((stage, worker))

@@ -19,25 +19,38 @@ every worker still decoding has passed that step; when the callback stops, the w
 told to stop and every group not handed over is aborted with its rows' lengths as of that
 step. The scheduler's batch is therefore the one a single worker would give it.
 
-A worker that dies or stops answering within ``timeout_s`` is replaced (``restart``, then
-the current weights) and the groups it had not delivered are dispatched again, whole (the
-same seeds give the same draws), at most ``max_restarts`` times in a run; every replacement
-is a ``rollout_worker_died`` or ``rollout_worker_hung`` event naming the index, the pid and
-the groups moved. Per-worker counts (groups, tokens, busy seconds) accumulate until
-:meth:`take_stats` as ``rollout/worker<i>/*``.
+Failover, within the step: a worker that dies, does not answer a call within ``timeout_s``,
+or is quarantined (its seconds per generated token past ``quarantine_ratio`` times the median
+of the others' for ``quarantine_steps`` steps in a row, or :data:`RAISES_TO_QUARANTINE` calls
+in a row that raised) is taken out of service at once; the groups it had not delivered wait
+for the other workers, which take them as they become free, and are generated again whole
+(the same seeds give the same draws): a group is never trained from parts. Each group has a
+budget of ``group_retries`` failed dispatches; past it the group fails as a whole (left out
+of the batch, a ``rollout_groups_failed`` event, the scheduler's ``failed`` fate). A group
+that a second call raises on is not a worker's fault: that error ends the call. The worker
+is replaced in the background under the :class:`~reasonrl.restarts.RestartPolicy` (restarts
+in a row, back-off); its replacement loads the current (and staged) weights before it serves.
+Events: ``rollout_worker_died`` / ``rollout_worker_hung`` (index, pid, groups moved, seconds
+lost: the time its unfinished task had run), ``rollout_worker_quarantined`` (why),
+``rollout_worker_joined`` (the new pid, the version it serves, seconds from the failure),
+``rollout_worker_gone`` (out of restarts: the others serve on; with none left the fleet
+raises :class:`FleetError`). Per-worker counts (groups, tokens, busy seconds) accumulate
+until :meth:`take_stats` as ``rollout/worker<i>/*``.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from concurrent.futures import FIRST_COMPLETED, Future, TimeoutError as FutureTimeout, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
+from reasonrl.restarts import RestartPolicy
 from reasonrl.types import RolloutBatch, SamplingParams, WeightsUpdate
 
 GroupsDone = Callable[[list[int], RolloutBatch], bool]
@@ -105,38 +118,102 @@ class _Task:
     worker: int
     groups: list[int]
     future: Future
-    pid: int = 0  # the worker's process when the task was sent (a replaced worker has another)
+    pid: int  # the worker's process when the task was sent (a replaced worker has another)
     started: float = field(default_factory=time.perf_counter)
     step: int = -2  # the last decode step it reported a completion at
     done: bool = False
     reported: set[int] = field(default_factory=set)
     tokens: float = 0.0
+    seconds: float = 0.0  # from sending to its answer, once answered
+
+
+@dataclass
+class _Call:
+    """One :meth:`RolloutFleet.generate` or :meth:`RolloutFleet.generate_stream`: its arguments,
+    its tasks, and the groups waiting for a worker, retried, or failed."""
+
+    method: str
+    prompts: list
+    n: int
+    params: SamplingParams
+    seeds: Sequence[int]
+    states: list | None
+    tasks: list[_Task] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    """Groups not on any worker: all of them at first, then those moved off a failed worker."""
+    tries: dict[int, int] = field(default_factory=dict)
+    """Failed dispatches per group."""
+    raised: dict[int, int] = field(default_factory=dict)
+    """Groups a worker raised an exception on, and that worker's pid (the group avoids it)."""
+    failed: list[int] = field(default_factory=list)
+    """Groups out of retries (``rollout.group_retries``): never generated, never trained."""
+
+    def running(self) -> list[_Task]:
+        return [t for t in self.tasks if not t.done]
+
+
+@dataclass
+class _Slot:
+    """Worker ``i`` of the fleet: ``live`` (serving), ``joining`` (its replacement is starting)
+    or ``gone`` (out of restarts in a row); its restarts in a row, the calls in a row that
+    raised, and the steps in a row it was slow."""
+
+    state: str = "live"
+    in_a_row: int = 0
+    restarted_at: float = -math.inf
+    raised_in_a_row: int = 0
+    slow_steps: int = 0
+    slow_step: int = -1
+    fresh: bool = False  # replaced since its speed was last recorded
 
 
 class FleetError(RuntimeError):
-    """The fleet ran out of restarts, or has no worker left to serve a group."""
+    """The fleet has no worker left, or every group of a batch ran out of retries."""
+
+
+RAISES_TO_QUARANTINE = 2
+"""Calls in a row that raise on a worker (each on groups another worker then generates)
+before the worker is quarantined."""
+
+JOIN_WAIT_S = 0.05
+"""How long the dispatcher sleeps, with groups waiting and no worker free, before it looks again."""
+
+CLOSE_WAIT_S = 30.0
+"""How long :meth:`RolloutFleet.close` waits for a replacement that is starting."""
 
 
 class RolloutFleet:
     """N rollout workers (a WorkerGroup whose workers are RolloutWorkers) as one generator.
 
-    ``max_new_tokens`` sizes the dispatch estimate; ``timeout_s`` bounds every wait for a
-    worker; ``max_restarts`` is the fleet's budget of worker replacements; ``detector`` (a
-    :class:`~reasonrl.resilience.guards.SlowdownDetector`, or None) is fed each worker's
-    seconds per generated token at ``clock()``'s step and shrinks a slow worker's share;
-    ``emit(kind, **fields)`` writes events; ``streams`` and ``episodic`` are the workers';
-    ``failures`` are the exception types of a dead or hung worker (the runtime's).
+    ``max_new_tokens`` sizes the dispatch estimate; ``timeout_s`` bounds every call to a
+    worker; ``restarts`` (a :class:`~reasonrl.restarts.RestartPolicy`) replaces a worker that
+    died, hung or was quarantined, in the background; ``group_retries`` is each group's
+    budget of failed dispatches; a worker is quarantined once its seconds per generated token
+    are past ``quarantine_ratio`` times the median of the others' for ``quarantine_steps``
+    steps in a row (0: never), or after :data:`RAISES_TO_QUARANTINE` calls in a row that
+    raised (a group a worker raised on goes to another one where there is one).
+    ``detector`` (a :class:`~reasonrl.resilience.guards.SlowdownDetector`, or None)
+    is fed each worker's seconds per generated token at ``clock()``'s step and shrinks a slow
+    worker's share; ``emit(kind, **fields)`` writes events; ``streams`` and ``episodic`` are
+    the workers'; ``failures`` are the exception types of a dead or hung worker (the runtime's).
     """
 
-    def __init__(self, group, *, pad_id: int, streams: bool, episodic: bool, timeout_s: float, max_restarts: int,
-                 failures: tuple[type[BaseException], ...], detector=None, clock: Callable[[], int] = lambda: 0,
+    def __init__(self, group, *, pad_id: int, streams: bool, episodic: bool, timeout_s: float, restarts: RestartPolicy,
+                 group_retries: int, failures: tuple[type[BaseException], ...], quarantine_ratio: float = 0.0,
+                 quarantine_steps: int = 3, detector=None, clock: Callable[[], int] = lambda: 0,
                  emit: Callable[..., None] = lambda kind, **f: None) -> None:
-        self.group, self.pad_id, self.timeout_s, self.max_restarts = group, pad_id, timeout_s, max_restarts
+        self.group, self.pad_id, self.timeout_s = group, pad_id, timeout_s
+        self.restarts, self.group_retries = restarts, group_retries
+        self.quarantine_ratio, self.quarantine_steps = quarantine_ratio, quarantine_steps
         self.failures = (*failures, FutureTimeout, TimeoutError)
         self.streams, self.episodic = streams, episodic
         self.detector, self.clock, self.emit = detector, clock, emit
-        self.restarts = 0
-        self._lock = threading.Lock()  # generation and weight delivery run on different threads
+        self.replacements = 0
+        """Workers replaced so far (died, hung or quarantined)."""
+        self._cond = threading.Condition()  # the slots and the weights; generation, weights and replacements run on different threads
+        self._slots = [_Slot() for _ in range(group.size)]
+        self._replacing: list[threading.Thread] = []
+        self._closing = False
         self.current: WeightsUpdate | None = None
         """The weights the workers sample with (a replacement loads them)."""
         self.staged: WeightsUpdate | None = None
@@ -149,15 +226,21 @@ class RolloutFleet:
     def size(self) -> int:
         return self.group.size
 
+    def live(self) -> list[int]:
+        """The workers serving now (not being replaced, not given up)."""
+        with self._cond:
+            return [i for i, s in enumerate(self._slots) if s.state == "live"]
+
     # ------------------------------------------------------------ dispatch
-    def assign(self, prompts: Sequence[Sequence[int]], n: int, max_new_tokens: int) -> list[int]:
-        """The worker of each group: fewest outstanding tokens, scaled by speed shares."""
-        workers = list(range(self.size))
-        share = [1.0 / self.size] * self.size
+    def assign(self, prompts: Sequence[Sequence[int]], n: int, max_new_tokens: int,
+               workers: Sequence[int] | None = None) -> list[int]:
+        """The worker (of ``workers``, default all) of each group: fewest outstanding tokens,
+        scaled by speed shares."""
+        workers = list(range(self.size)) if workers is None else list(workers)
+        share = {w: 1.0 for w in workers}
         if self.detector is not None and any(self.detector.is_slow("gen", w) for w in workers):
-            weights = self.detector.weights("gen", workers)
-            share = [weights[w] for w in workers]
-        load = [0.0] * self.size
+            share = self.detector.weights("gen", workers)
+        load = {w: 0.0 for w in workers}
         out = []
         for ids in prompts:
             cost = n * (len(ids) + max_new_tokens)
@@ -166,76 +249,260 @@ class RolloutFleet:
             out.append(w)
         return out
 
-    def _launch(self, worker: int, groups: list[int], method: str, prompts, n, params, seeds, states) -> _Task:
-        kwargs = {} if states is None else {"states": [states[g] for g in groups]}
-        pid = self.group.pids[worker]
-        future = self.group.submit_to(worker, method, [prompts[g] for g in groups], n, params,
-                                      [seeds[g] for g in groups], **kwargs)
-        self._stats[worker]["groups"] += len(groups)
-        return _Task(worker, groups, future, pid)
-
-    def _tasks(self, method: str, prompts, n: int, params: SamplingParams, seeds, states) -> list[_Task]:
+    def _call(self, method: str, prompts, n: int, params: SamplingParams, seeds, states) -> _Call:
         if len(seeds) != len(prompts):
             raise ValueError(f"seeds: {len(seeds)} for {len(prompts)} prompts; expected one per prompt group")
-        owner = self.assign(prompts, n, params.max_new_tokens)
-        tasks = []
-        for w in range(self.size):
-            groups = [g for g, o in enumerate(owner) if o == w]
+        return _Call(method, prompts, n, params, seeds, states, waiting=list(range(len(prompts))))
+
+    def _dispatch(self, call: _Call) -> None:
+        """Send the waiting groups of ``call`` to the live workers without a task of it: as
+        many as their share of the live workers, assigned among them by :meth:`assign` (at the
+        start: all groups among all workers; after a failure: the free workers take the moved
+        groups, the busy ones take the rest when they are done). Raises FleetError when no
+        worker is left at all."""
+        if not call.waiting:
+            return
+        with self._cond:
+            live = [i for i, s in enumerate(self._slots) if s.state == "live"]
+            if not live and all(s.state == "gone" for s in self._slots):
+                raise FleetError(f"no rollout worker left: each of the {self.size} failed "
+                                 f"{self.restarts.budget} restarts in a row (resilience.rollout_restarts)")
+        busy = {t.worker for t in call.running()}
+        free = [w for w in live if w not in busy]
+        if not free:
+            return
+        take = call.waiting[: math.ceil(len(call.waiting) * len(free) / len(live))]
+        call.waiting = call.waiting[len(take):]
+        owner = self.assign([call.prompts[g] for g in take], call.n, call.params.max_new_tokens, free)
+        pids = self.group.pids
+        for i, (g, w) in enumerate(zip(take, owner)):
+            if pids[w] != call.raised.get(g):
+                continue
+            others = [u for u in live if pids[u] != call.raised[g]]  # a group avoids the worker that raised on it
+            if not others:
+                continue
+            if any(u in free for u in others):
+                owner[i] = next(u for u in others if u in free)
+            else:
+                owner[i] = -1
+                call.waiting.append(g)
+        for w in free:
+            groups = sorted(g for g, o in zip(take, owner) if o == w)
             if groups:
-                tasks.append(self._launch(w, groups, method, prompts, n, params, seeds, states))
-        return tasks
+                self._launch(call, w, groups)
+
+    def _launch(self, call: _Call, worker: int, groups: list[int]) -> None:
+        kwargs = {} if call.states is None else {"states": [call.states[g] for g in groups]}
+        pid = self.group.pids[worker]
+        future = self.group.submit_to(worker, call.method, [call.prompts[g] for g in groups], call.n, call.params,
+                                      [call.seeds[g] for g in groups], **kwargs)
+        self._stats[worker]["groups"] += len(groups)
+        call.tasks.append(_Task(worker, groups, future, pid))
+
+    def _settled(self, call: _Call) -> list[_Task]:
+        """Wait until a running task of ``call`` answers or passes its deadline (``timeout_s``
+        from when it was sent), and return those that did; with groups waiting, look again
+        after :data:`JOIN_WAIT_S` (a worker may have joined)."""
+        running = call.running()
+        if not running:
+            with self._cond:
+                self._cond.wait(JOIN_WAIT_S)
+            return []
+        due = min(t.started for t in running) + self.timeout_s - time.perf_counter()
+        wait([t.future for t in running], max(0.0, min(due, JOIN_WAIT_S) if call.waiting else due), FIRST_COMPLETED)
+        now = time.perf_counter()
+        return [t for t in running if t.future.done() or now >= t.started + self.timeout_s]
+
+    def _answer(self, task: _Task) -> Any:
+        """The task's result (its exception raised), or FutureTimeout past its deadline."""
+        if not task.future.done():
+            raise FutureTimeout()
+        return task.future.result(timeout=0)
 
     # ------------------------------------------------------------ failures
-    def _replace(self, task: _Task, error: BaseException) -> None:
-        """Replace the task's worker after ``error`` (loaded with the current weights), unless
-        another thread already replaced that process."""
-        with self._lock:
-            if self.group.pids[task.worker] == task.pid:
-                self._restart(task, error)
+    def _failed(self, call: _Call, task: _Task, error: BaseException) -> None:
+        """``task`` ended without an answer: the groups it had not reported wait for another
+        worker (or fail, out of retries), and its worker is replaced (died, hung) or, after
+        :data:`RAISES_TO_QUARANTINE` raises in a row, quarantined. A group that a second call
+        raises on is not a worker's fault: that error ends the call."""
+        task.done = True
+        moved = [g for g in task.groups if g not in task.reported]
+        raised = not isinstance(error, self.failures)
+        if raised:
+            if any(g in call.raised for g in moved):
+                raise error
+            call.raised.update((g, task.pid) for g in moved)
+        for g in moved:
+            call.tries[g] = call.tries.get(g, 0) + 1
+            (call.failed if call.tries[g] > self.group_retries else call.waiting).append(g)
+        out = [g for g in moved if call.tries[g] > self.group_retries]
+        if out:
+            self.emit("rollout_groups_failed", worker=task.worker, groups=len(out), retries=self.group_retries,
+                      error=str(error)[:300])
+        if raised:
+            with self._cond:
+                slot = self._slots[task.worker]
+                slot.raised_in_a_row += 1
+                count = slot.raised_in_a_row
+            if count >= RAISES_TO_QUARANTINE:
+                self._quarantine(task.worker, f"{count} calls in a row raised, the last: {str(error)[:200]}",
+                                 groups_moved=len(moved))
+        else:
+            self._lost(task, error, len(moved))
 
-    def _restart(self, task: _Task, error: BaseException) -> None:
+    def _lost(self, task: _Task, error: BaseException, moved: int) -> None:
+        """The worker of ``task`` died or hung: a ``rollout_worker_died`` or ``_hung`` event (its
+        ``seconds_lost``: the time the task had run, whose work the survivors redo) and its
+        replacement, unless another failure already took it out of service."""
         hung = isinstance(error, (TimeoutError, FutureTimeout))
-        pid = task.pid
+        with self._cond:
+            slot = self._slots[task.worker]
+            if slot.state != "live" or self.group.pids[task.worker] != task.pid:
+                return
+            slot.state = "joining"
         if hung:
             error = TimeoutError(f"rollout[{task.worker}]: no answer within {self.timeout_s:g} s "
                                  f"(runtime.roles.rollout.timeout_s)")
-        if self.restarts >= self.max_restarts:
-            raise FleetError(f"rollout worker {task.worker} (pid {pid}): {error}; gave up after {self.restarts} "
-                             f"replacements (resilience.rollout_restarts={self.max_restarts})") from error
-        self.restarts += 1
-        began = time.perf_counter()
-        self.group.restart(task.worker)
-        if self.current is not None:
-            self.group.submit_to(task.worker, "load_weights", self.current).result(timeout=self.timeout_s)
-        if self.staged is not None and self.staged is not self.current:
-            self.group.submit_to(task.worker, "stage_weights", self.staged).result(timeout=self.timeout_s)
-        moved = [g for g in task.groups if g not in task.reported]
-        self.emit("rollout_worker_hung" if hung else "rollout_worker_died", worker=task.worker, pid=pid,
-                  new_pid=self.group.pids[task.worker], groups_moved=len(moved), error=str(error)[:300],
-                  restarts=self.restarts, seconds_lost=time.perf_counter() - began)
+        self.emit("rollout_worker_hung" if hung else "rollout_worker_died", worker=task.worker, pid=task.pid,
+                  groups_moved=moved, seconds_lost=time.perf_counter() - task.started, error=str(error)[:300])
+        self._replace(task.worker, task.pid)
 
-    def _result(self, task: _Task) -> Any:
-        return task.future.result(timeout=self.timeout_s)
+    def _quarantine(self, worker: int, reason: str, **fields: Any) -> None:
+        """Take a live worker out of service (``rollout_worker_quarantined``) and replace it."""
+        with self._cond:
+            slot = self._slots[worker]
+            if slot.state != "live":
+                return
+            slot.state = "joining"
+            pid = self.group.pids[worker]
+        self.emit("rollout_worker_quarantined", worker=worker, pid=pid, reason=reason, **fields)
+        self._replace(worker, pid)
+
+    def _replace(self, worker: int, old_pid: int) -> None:
+        thread = threading.Thread(target=self._rejoin, args=(worker, old_pid), name=f"reasonrl-rollout{worker}-replace",
+                                  daemon=True)
+        with self._cond:
+            self._replacing = [t for t in self._replacing if t.is_alive()] + [thread]
+        thread.start()
+
+    def _rejoin(self, worker: int, old_pid: int) -> None:
+        """A replacement's thread: restart worker ``worker`` under the restart policy, load the
+        current (and staged) weights, then put it back in service (``rollout_worker_joined``,
+        its ``seconds`` from the failure to serving); out of restarts in a row, it is given up
+        (``rollout_worker_gone``) and the others serve on."""
+        slot, began, why = self._slots[worker], time.perf_counter(), ""
+        while True:
+            with self._cond:
+                if self._closing:
+                    return
+                slot.in_a_row += 1
+                attempt = slot.in_a_row
+                if attempt > self.restarts.budget:
+                    slot.state = "gone"
+                    self._cond.notify_all()
+                pause = slot.restarted_at + self.restarts.pause_s(attempt) - time.monotonic()
+            if slot.state == "gone":
+                self.emit("rollout_worker_gone", worker=worker, pid=old_pid, restarts=attempt - 1, error=why[:300],
+                          live=len(self.live()))
+                return
+            if pause > 0:
+                time.sleep(pause)
+            try:
+                self.group.restart(worker)
+                slot.restarted_at = time.monotonic()
+                version = self._bring_up(worker)
+                break
+            except Exception as err:  # noqa: BLE001 - the next attempt, or give up
+                slot.restarted_at, why = time.monotonic(), f"{type(err).__name__}: {err}"
+        with self._cond:
+            self.replacements += 1
+        self.emit("rollout_worker_joined", worker=worker, pid=self.group.pids[worker], replaced=old_pid,
+                  version=version, seconds=time.perf_counter() - began, restarts=slot.in_a_row)
+
+    def _bring_up(self, worker: int) -> int | None:
+        """Load the current and staged weights into a restarted worker and put it in service
+        once they are still the current ones (a delivery meanwhile goes round again); the
+        version it serves."""
+        while True:
+            with self._cond:
+                current, staged = self.current, self.staged
+            if current is not None:
+                self.group.submit_to(worker, "load_weights", current).result(timeout=self.timeout_s)
+            if staged is not None and staged is not current:
+                self.group.submit_to(worker, "stage_weights", staged).result(timeout=self.timeout_s)
+            with self._cond:
+                if self.current is current and self.staged is staged:
+                    slot = self._slots[worker]
+                    slot.state, slot.fresh, slot.raised_in_a_row, slot.slow_steps = "live", True, 0, 0
+                    self._cond.notify_all()
+                    return None if current is None else current.version
+
+    def _answered(self, task: _Task) -> None:
+        """A task answered: its worker's restarts and raises in a row start again, and its
+        figures count (:meth:`_account`)."""
+        task.done = True
+        with self._cond:
+            slot = self._slots[task.worker]
+            if self.group.pids[task.worker] == task.pid:
+                slot.in_a_row = slot.raised_in_a_row = 0
+        self._account(task)
+
+    def _judge_speed(self, call: _Call) -> None:
+        """Quarantine a worker whose seconds per generated token in ``call`` were more than
+        ``quarantine_ratio`` times the median of the other workers' for ``quarantine_steps``
+        steps in a row (steps by ``clock()``; several calls of one step count once)."""
+        if not self.quarantine_ratio:
+            return
+        spent: dict[int, list[float]] = {}
+        for t in call.tasks:
+            if t.seconds and t.tokens:
+                s = spent.setdefault(t.worker, [0.0, 0.0])
+                s[0], s[1] = s[0] + t.seconds, s[1] + t.tokens
+        speed = {w: s / tokens for w, (s, tokens) in spent.items()}
+        if len(speed) < 2:
+            return
+        step = self.clock()
+        for w, s in speed.items():
+            ratio = s / statistics.median(v for u, v in speed.items() if u != w)
+            slot = self._slots[w]
+            if ratio <= self.quarantine_ratio:
+                slot.slow_steps = 0
+                continue
+            if slot.slow_step != step:
+                slot.slow_steps, slot.slow_step = slot.slow_steps + 1, step
+            if slot.slow_steps >= self.quarantine_steps:
+                self._quarantine(w, f"{ratio:.1f}x the other workers' seconds per token for {slot.slow_steps} steps "
+                                    f"(runtime.roles.rollout.quarantine_ratio={self.quarantine_ratio:g})",
+                                 ratio=ratio, steps=slot.slow_steps)
+
+    def _end(self, call: _Call, handed: int) -> None:
+        """After a call: judge the workers' speeds; a FleetError when every group failed."""
+        self._judge_speed(call)
+        if call.failed and not handed:
+            raise FleetError(f"every one of the {len(call.prompts)} groups of the batch failed on "
+                             f"{self.group_retries + 1} dispatches (rollout.group_retries={self.group_retries})")
 
     # ------------------------------------------------------------ the generator protocol
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int],
                  states: list | None = None) -> RolloutBatch:
         """``n`` samples of every prompt, dispatched by group; rows in prompt order, group ids
-        the prompt indices, each token tagged with the version that sampled it."""
-        pending = self._tasks("generate", prompts, n, params, seeds, states)
+        the prompt indices, each token tagged with the version that sampled it. A group that
+        ran out of retries is left out (its prompt index is missing from ``group_ids``)."""
+        call = self._call("generate", prompts, n, params, seeds, states)
         parts: dict[int, RolloutBatch] = {}
-        while pending:
-            task = pending.pop(0)
-            try:
-                batch = self._result(task)
-            except self.failures as err:
-                self._replace(task, err)
-                pending.append(self._launch(task.worker, task.groups, "generate", prompts, n, params, seeds, states))
-                continue
-            task.tokens = float(batch.lengths.sum())
-            self._account(task)
-            for i, g in enumerate(task.groups):
-                parts[g] = batch.select(torch.arange(i * n, (i + 1) * n))
+        while call.waiting or call.running():
+            self._dispatch(call)
+            for task in self._settled(call):
+                try:
+                    batch = self._answer(task)
+                except Exception as err:  # noqa: BLE001 - died, hung or raised: _failed decides
+                    self._failed(call, task, err)
+                    continue
+                task.tokens = float(batch.lengths.sum())
+                self._answered(task)
+                for i, g in enumerate(task.groups):
+                    parts[g] = batch.select(torch.arange(i * n, (i + 1) * n))
+        self._end(call, len(parts))
         return _in_order(parts, n, self.pad_id)
 
     def generate_stream(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int],
@@ -243,27 +510,31 @@ class RolloutFleet:
         """:meth:`generate` reporting groups to ``on_groups_done`` in (decode step, prompt index)
         order as the workers complete them, stopping every worker once it returns True (see
         the module docstring)."""
-        tasks = self._tasks("stream", prompts, n, params, seeds, None)
-        waiting: list[tuple[int, int, RolloutBatch]] = []  # (step, group, its rows) not handed over yet
+        call = self._call("stream", prompts, n, params, seeds, None)
+        ready: list[tuple[int, int, RolloutBatch]] = []  # (step, group, its rows) not handed over yet
         handed: set[int] = set()
         rows_of: dict[int, RolloutBatch] = {}
         aborted_lengths: dict[int, list[int]] = {}
         stop_step: int | None = None
-        while any(not t.done for t in tasks) and stop_step is None:
-            for task in [t for t in tasks if not t.done]:
+        while (call.waiting or call.running()) and stop_step is None:
+            self._dispatch(call)
+            running = call.running()
+            if not running:
+                self._settled(call)
+                continue
+            polls = {id(t): self.group.submit_to(t.worker, "poll_stream", POLL_WAIT_S)
+                     for t in running if not t.future.done()}
+            for task in running:
                 try:
-                    if task.future.done():
-                        final = self._result(task)
-                        entries, task.done = final["entries"], True
-                        self._aborted(task, final, n, aborted_lengths)
+                    if id(task) in polls and time.perf_counter() < task.started + self.timeout_s:
+                        entries = polls[id(task)].result(timeout=self.timeout_s)
                     else:
-                        entries = self.group.submit_to(task.worker, "poll_stream", POLL_WAIT_S).result(timeout=self.timeout_s)
-                except self.failures as err:
-                    self._replace(task, err)
-                    task.done = True
-                    rest = [g for g in task.groups if g not in task.reported]
-                    if rest:
-                        tasks.append(self._launch(task.worker, rest, "stream", prompts, n, params, seeds, None))
+                        final = self._answer(task)
+                        entries = final["entries"]
+                        self._aborted(task, final, n, aborted_lengths)
+                        task.done = True
+                except Exception as err:  # noqa: BLE001 - died, hung or raised: _failed decides
+                    self._failed(call, task, err)
                     continue
                 for step, local, rows in entries:
                     task.step = max(task.step, step)
@@ -271,85 +542,99 @@ class RolloutFleet:
                         group = task.groups[g]
                         task.reported.add(group)
                         mine = rows.select(torch.arange(i * n, (i + 1) * n))
-                        waiting.append((step, group, mine))
+                        ready.append((step, group, mine))
                         rows_of[group] = mine
                         task.tokens += float(mine.lengths.sum())
                 if task.done:
-                    self._account(task)
-            frontier = min((t.step for t in tasks if not t.done), default=math.inf)
-            waiting.sort(key=lambda e: (e[0], e[1]))
-            while waiting and waiting[0][0] <= frontier and stop_step is None:
-                step = waiting[0][0]
-                now = [e for e in waiting if e[0] == step]
-                waiting = waiting[len(now):]
+                    self._answered(task)
+            # groups not handed over may still complete at any step until they are on a worker
+            frontier = -math.inf if call.waiting else min((t.step for t in call.running()), default=math.inf)
+            ready.sort(key=lambda e: (e[0], e[1]))
+            while ready and ready[0][0] <= frontier and stop_step is None:
+                step = ready[0][0]
+                now = [e for e in ready if e[0] == step]
+                ready = ready[len(now):]
                 groups = [g for _, g, _ in now]
                 handed.update(groups)
                 batch = _in_order({g: r for _, g, r in now}, n, self.pad_id)
                 if on_groups_done(groups, batch):
                     stop_step = step
         if stop_step is not None:
-            for task in tasks:
-                if not task.done:
-                    self.group.submit_to(task.worker, "stop_stream")
-            for task in tasks:
-                if task.done:
-                    continue
-                try:
-                    final = self._result(task)
-                except self.failures as err:  # its groups are aborted anyway; the worker is replaced
-                    self._replace(task, err)
-                    continue
-                task.done = True
-                for step, local, rows in final["entries"]:
-                    for i, g in enumerate(local):
-                        rows_of[task.groups[g]] = rows.select(torch.arange(i * n, (i + 1) * n))
-                        task.tokens += float(rows_of[task.groups[g]].lengths.sum())
-                self._aborted(task, final, n, aborted_lengths)
-                self._account(task)
-        aborted = [g for g in range(len(prompts)) if g not in handed]
+            self._stop(call, n, rows_of, aborted_lengths)
+        self._end(call, len(handed))
+        failed = set(call.failed)
+        aborted = [g for g in range(len(prompts)) if g not in handed and g not in failed]
         cap = math.inf if stop_step is None else stop_step + 1
         lengths = []
         for g in aborted:
             known = rows_of[g].lengths.tolist() if g in rows_of else aborted_lengths.get(g, [0] * n)
             lengths += [int(min(length, cap)) for length in known]
-        return FleetStreamResult(aborted, lengths, stop_step is not None)
+        return FleetStreamResult(aborted, lengths, stop_step is not None, sorted(failed))
+
+    def _stop(self, call: _Call, n: int, rows_of: dict[int, RolloutBatch], aborted_lengths: dict[int, list[int]]) -> None:
+        """The callback stopped the stream: tell every running worker to stop, and record the
+        rows of what they had; groups still waiting are aborted unstarted."""
+        call.waiting = []
+        running = call.running()
+        for task in running:
+            self.group.submit_to(task.worker, "stop_stream")
+        for task in running:
+            try:
+                final = task.future.result(timeout=max(0.0, task.started + self.timeout_s - time.perf_counter()))
+            except Exception as err:  # noqa: BLE001 - its groups are aborted anyway
+                task.done = True
+                if isinstance(err, self.failures):
+                    self._lost(task, err, 0)
+                continue
+            for step, local, rows in final["entries"]:
+                for i, g in enumerate(local):
+                    rows_of[task.groups[g]] = rows.select(torch.arange(i * n, (i + 1) * n))
+                    task.tokens += float(rows_of[task.groups[g]].lengths.sum())
+            self._aborted(task, final, n, aborted_lengths)
+            self._answered(task)
 
     # ------------------------------------------------------------ weights
     def load_weights(self, update: WeightsUpdate) -> None:
         """Every worker samples with ``update`` from now on (each waited for)."""
-        self.current = update
-        self._deliver("load_weights", update)
+        self._deliver("load_weights", update, current=update)
 
     def offer_weights(self, update: WeightsUpdate) -> None:
         """Every worker takes ``update`` up before its next generation call."""
-        self.current = update
-        self._deliver("offer_weights", update)
+        self._deliver("offer_weights", update, current=update)
 
     def stage_weights(self, update: WeightsUpdate) -> None:
         """Every worker keeps ``update`` for :meth:`load_staged` (the transfer happens now)."""
-        self.staged = update
-        self._deliver("stage_weights", update)
+        self._deliver("stage_weights", update, staged=update)
 
     def load_staged(self, version: int) -> None:
         """Every worker samples with its staged weights, which must be ``version``; a worker
-        replaced meanwhile loads them at its restart."""
-        self.current = self.staged
-        self._on_every_worker("load_staged", version)
+        replaced meanwhile loads them when it joins."""
+        with self._cond:
+            self.current = self.staged
+            workers = [i for i, s in enumerate(self._slots) if s.state == "live"]
+        self._on_workers(workers, "load_staged", version)
 
-    def _deliver(self, method: str, update: WeightsUpdate) -> None:
+    def _deliver(self, method: str, update: WeightsUpdate, *, current: WeightsUpdate | None = None,
+                 staged: WeightsUpdate | None = None) -> None:
+        """Record the weights (a replacement loads them), then ``method(update)`` on every live worker."""
         began = time.perf_counter()
-        self._on_every_worker(method, update)
+        with self._cond:
+            self.current = current or self.current
+            self.staged = staged or self.staged
+            workers = [i for i, s in enumerate(self._slots) if s.state == "live"]
+        self._on_workers(workers, method, update)
         self.weight_sync_s = time.perf_counter() - began
 
-    def _on_every_worker(self, method: str, arg) -> None:
-        """``method(arg)`` on every worker, each waited for; a worker that fails is replaced
-        (its replacement starts from the current and staged weights)."""
+    def _on_workers(self, workers: list[int], method: str, arg) -> None:
+        """``method(arg)`` on each of ``workers``, each waited for; a worker that dies or hangs
+        is replaced (its replacement starts from the current and staged weights)."""
         pids = self.group.pids
-        for i, future in enumerate(self.group.submit(method, arg)):
+        futures = [(w, self.group.submit_to(w, method, arg)) for w in workers]
+        for w, future in futures:
             try:
                 future.result(timeout=self.timeout_s)
             except self.failures as err:
-                self._replace(_Task(i, [], future, pids[i]), err)
+                self._lost(_Task(w, [], future, pids[w]), err, 0)
 
     # ------------------------------------------------------------ per-worker figures
     def _zero_stats(self) -> list[dict[str, float]]:
@@ -363,20 +648,34 @@ class RolloutFleet:
             task.tokens += sum(lengths[task.groups[g]])
 
     def _account(self, task: _Task) -> None:
-        """A task ended: its worker's busy seconds and tokens, and its speed for the fail-slow detector."""
-        s, seconds = self._stats[task.worker], time.perf_counter() - task.started
+        """A task answered: its worker's busy seconds and tokens, and its speed for the
+        fail-slow detector (a replaced worker's record starts over)."""
+        s, task.seconds = self._stats[task.worker], time.perf_counter() - task.started
         s["tokens"] += task.tokens
-        s["busy_s"] += seconds
+        s["busy_s"] += task.seconds
         if self.detector is not None:
-            self.detector.update("gen", task.worker, self.clock(), seconds, work=max(task.tokens, 1.0))
+            slot = self._slots[task.worker]
+            if slot.fresh:
+                self.detector.forget("gen", task.worker)
+                slot.fresh = False
+            self.detector.update("gen", task.worker, self.clock(), task.seconds, work=max(task.tokens, 1.0))
 
     def take_stats(self) -> dict[str, float]:
-        """``rollout/worker<i>/groups``, ``/tokens``, ``/busy_s`` since the last call."""
+        """``rollout/worker<i>/groups``, ``/tokens``, ``/busy_s`` since the last call, and
+        ``rollout/live_workers`` now."""
         out = {f"rollout/worker{i}/{k}": v for i, s in enumerate(self._stats) for k, v in s.items()}
+        out["rollout/live_workers"] = float(len(self.live()))
         self._stats = self._zero_stats()
         return out
 
     def close(self) -> None:
+        """Stop replacing workers (a replacement starting is waited for, up to
+        :data:`CLOSE_WAIT_S`), then close the group."""
+        with self._cond:
+            self._closing = True
+            replacing = list(self._replacing)
+        for thread in replacing:
+            thread.join(timeout=CLOSE_WAIT_S)
         self.group.close()
 
 
@@ -385,11 +684,13 @@ class FleetStreamResult:
     """What :meth:`RolloutFleet.generate_stream` returns: the groups never handed to the
     callback (ascending prompt indices), each row's length at the stop, and whether the
     callback stopped it (the scheduler's view of a
-    :class:`~reasonrl.rollout.fast.StreamResult`)."""
+    :class:`~reasonrl.rollout.fast.StreamResult`), and the groups that ran out of retries
+    (never handed over, not aborted)."""
 
     aborted: list[int]
     aborted_lengths: list[int]
     stopped: bool
+    failed: list[int] = field(default_factory=list)
 
 
 def _in_order(parts: dict[int, RolloutBatch], n: int, pad_id: int) -> RolloutBatch:

@@ -4,7 +4,8 @@ Lifecycle of a sample (one of the ``n`` responses to a prompt)::
 
     queued ──► generating ──► scored ──► kept
                    │                └──► dropped (all correct | all wrong | surplus)
-                   └──► aborted
+                   ├──► aborted
+                   └──► failed
 
 ``queued``: its prompt was drawn for a generation batch. ``generating``: the batch is
 being decoded. ``scored``: all ``n`` samples of its group ended and the group was graded
@@ -12,7 +13,10 @@ being decoded. ``scored``: all ``n`` samples of its group ended and the group wa
 values are not all equal, or it is a group of one: DAPO dynamic sampling as verl does it)
 and the train batch still had room. ``dropped``: all correct or all wrong (no learning
 signal), or ``surplus``: accepted but the batch was already full. ``aborted``: its group had not ended when the batch became full;
-decoding stopped there and the group was thrown away unscored.
+decoding stopped there and the group was thrown away unscored. ``failed``: its group ran out of
+retries on the rollout fleet (``rollout.group_retries``: its workers died, hung or raised) and
+was never generated whole; a batch without dynamic sampling draws as many new prompts as
+groups failed, so it still holds ``want_groups`` groups.
 
 With dynamic sampling and a streaming generator (one whose ``streams`` is True, such as
 :class:`~reasonrl.rollout.fast.FastGenerator`: it has ``generate_stream``), groups are graded the moment they complete
@@ -69,6 +73,7 @@ class SampleState(str, Enum):
     KEPT = "kept"
     DROPPED = "dropped"
     ABORTED = "aborted"
+    FAILED = "failed"
 
 
 @dataclass
@@ -220,13 +225,34 @@ class RolloutScheduler:
         return scored
 
     def _collect_plain(self, next_prompts: NextPrompts):
-        drawn = self._draw(next_prompts, self.want_groups, 0)
-        self._set_state(SampleState.GENERATING)
-        rollout = self._generate(drawn)
-        scored = self._score(rollout, drawn, 0)
-        self._set_state(SampleState.KEPT)
-        self.kept_draws = list(range(len(drawn)))
-        return scored, self.stats(1)
+        parts: list[ScoredBatch] = []
+        gen_batch = have = 0
+        while have < self.want_groups:
+            drawn = self._draw(next_prompts, self.want_groups - have, gen_batch)
+            self._set_state(SampleState.GENERATING, gen_batch)
+            rollout = self._generate(drawn)
+            self._fail_missing(rollout, gen_batch, len(drawn))
+            scored = self._score(rollout, drawn, gen_batch)
+            groups = rollout.group_ids[:: self.n].tolist()
+            for record in self._records(gen_batch, groups):
+                record.state = SampleState.KEPT
+            self.kept_draws += [(self._base[gen_batch] + g * self.n) // self.n for g in groups]
+            parts.append(scored)
+            have += len(groups)
+            gen_batch += 1
+        if gen_batch == 1 and have == len(drawn):
+            return scored, self.stats(1)
+        for part in parts:  # group ids 0.. in keep order, as a dynamic batch's
+            ids = torch.unique(part.rollout.group_ids, return_inverse=True)[1]
+            part.rollout = replace(part.rollout, group_ids=ids)
+        return trim_padding(ScoredBatch.concat(parts, self.pad_id)), self.stats(gen_batch)
+
+    def _fail_missing(self, rollout: RolloutBatch, gen_batch: int, size: int) -> None:
+        """Mark the groups of generation batch ``gen_batch`` (``size`` groups) that the generator
+        left out of ``rollout`` as failed (out of retries on the rollout fleet)."""
+        present = set(rollout.group_ids[:: self.n].tolist())
+        for record in self._records(gen_batch, [g for g in range(size) if g not in present]):
+            record.state = SampleState.FAILED
 
     def _generate(self, drawn) -> RolloutBatch:
         """The whole rollout of the drawn ``(prompt, ids, seed)`` triples."""
@@ -261,8 +287,12 @@ class RolloutScheduler:
                 records = self._records(gen_batch, result.aborted)
                 for record, length in zip(records, result.aborted_lengths, strict=True):
                     record.state, record.tokens = SampleState.ABORTED, length
+                for record in self._records(gen_batch, getattr(result, "failed", ())):
+                    record.state = SampleState.FAILED
             else:
-                on_groups_done(list(range(len(triples))), self._generate(triples))
+                rollout = self._generate(triples)
+                self._fail_missing(rollout, gen_batch, len(triples))
+                on_groups_done(list(range(len(triples))), rollout)
             gen_batch += 1
         batch = trim_padding(ScoredBatch.concat(kept, self.pad_id))
         return batch, self.stats(gen_batch)
@@ -292,7 +322,8 @@ class RolloutScheduler:
         """Counts over ``samples`` (see the module docstring for the states):
 
         ``batch/num_gen_batches``; ``batch/kept_groups``; ``batch/dropped_all_correct``,
-        ``batch/dropped_all_wrong``, ``batch/surplus_groups`` (groups); ``batch/generated_samples``
+        ``batch/dropped_all_wrong``, ``batch/surplus_groups``, ``batch/failed_groups`` (groups);
+        ``batch/generated_samples``
         (samples that completed: kept + dropped); ``batch/aborted_samples`` and
         ``batch/aborted_tokens``; ``batch/wasted_samples`` (completed, not kept);
         ``batch/samples_per_kept_group`` (all samples started, completed or aborted, per
@@ -321,6 +352,7 @@ class RolloutScheduler:
             "batch/dropped_all_correct": float(reasons["all_correct"] // n),
             "batch/dropped_all_wrong": float(reasons["all_wrong"] // n),
             "batch/surplus_groups": float(reasons["surplus"] // n),
+            "batch/failed_groups": float(count[SampleState.FAILED] // n),
             "batch/generated_samples": float(completed),
             "batch/aborted_samples": float(count[SampleState.ABORTED]),
             "batch/aborted_tokens": float(tokens["aborted"]),

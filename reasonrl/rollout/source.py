@@ -52,7 +52,7 @@ class Collected:
     batch:     the kept groups, ``n`` rows each, group ids 0.. in keep order
     kept:      the draw index of each group of ``batch``, in order
     draws:     ``[draw, dataset row, fate]`` of every prompt drawn for it, in draw order; fate
-               is ``kept``, ``all_correct``, ``all_wrong``, ``surplus`` or ``aborted``
+               is ``kept``, ``all_correct``, ``all_wrong``, ``surplus``, ``aborted`` or ``failed``
     stats:     the scheduler's ``batch/*`` counts
     errors:    reward errors of its samples
     started, finished: wall-clock seconds (``time.time()``) around it

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from reasonrl.errors import InputError, LimitError, error_line
+from reasonrl.restarts import RestartPolicy
 from reasonrl.runtime.group import WorkerDied, WorkerGroup
 from reasonrl.runtime.process import ProcessGroup
 
@@ -40,30 +41,6 @@ from reasonrl.runtime.process import ProcessGroup
 class RestartsExhausted(LimitError, WorkerDied):
     """A worker needed more restarts in a row than its :class:`RestartPolicy` allows: it fails
     however often it is replaced. The message names the role and the worker's index."""
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """How a pool replaces its workers: at most ``budget`` restarts of one worker in a row (a
-    call it answers, even with an exception, resets the count), and between two restarts of
-    the same worker in a row a pause of ``backoff_s``, doubled for each further one up to
-    ``max_backoff_s`` (the first restart does not wait)."""
-
-    budget: int = 10
-    backoff_s: float = 0.1
-    max_backoff_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if type(self.budget) is not int or self.budget < 0:
-            raise ValueError(f"RestartPolicy budget: got {self.budget!r}, expected an integer >= 0")
-        if self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
-            raise ValueError(f"RestartPolicy backoff: got backoff_s={self.backoff_s}, max_backoff_s="
-                             f"{self.max_backoff_s}; expected 0 <= backoff_s <= max_backoff_s")
-
-    def pause_s(self, restart: int) -> float:
-        """Seconds between the previous restart and restart number ``restart`` (1-based) of
-        the same worker in a row: 0 for the first, then ``backoff_s * 2**(restart - 2)``, capped."""
-        return 0.0 if restart <= 1 else min(self.max_backoff_s, self.backoff_s * 2 ** (restart - 2))
 
 
 Outcome = Literal["ok", "error", "timeout", "died", "lost"]

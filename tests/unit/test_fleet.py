@@ -3,9 +3,13 @@ across workers in one worker's order, failover of a dead worker, weights to ever
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import torch
 
-from reasonrl.rollout.fleet import RolloutFleet
+from reasonrl.restarts import RestartPolicy
+from reasonrl.rollout.fleet import FleetError, RolloutFleet
 from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout
 from reasonrl.runtime.group import ThreadGroup
 from reasonrl.types import SamplingParams, WeightsUpdate
@@ -15,10 +19,26 @@ PARAMS = SamplingParams(max_new_tokens=12)
 CONCURRENT = ("offer_weights", "stage_weights", "poll_stream", "stop_stream")
 
 
-def fleet(group, events=None, restarts=2) -> RolloutFleet:
+def fleet(group, events=None, restarts=2, *, retries=3, timeout_s=30.0, quarantine=0.0, clock=lambda: 0) -> RolloutFleet:
     emit = (lambda kind, **fields: events.append((kind, fields))) if events is not None else (lambda kind, **f: None)
-    return RolloutFleet(group, pad_id=0, streams=True, episodic=False, timeout_s=30, max_restarts=restarts,
-                        failures=(WorkerDied, WorkerTimeout), emit=emit)
+    return RolloutFleet(group, pad_id=0, streams=True, episodic=False, timeout_s=timeout_s,
+                        restarts=RestartPolicy(budget=restarts, backoff_s=0.0), group_retries=retries,
+                        failures=(WorkerDied, WorkerTimeout), quarantine_ratio=quarantine, clock=clock, emit=emit)
+
+
+def processes(*args_per_worker) -> ProcessGroup:
+    return ProcessGroup(ScriptedRollouts, list(args_per_worker), name="rollout", timeout_s=30, concurrent=CONCURRENT)
+
+
+def joined(events, count: int, timeout_s: float = 60.0) -> list[dict]:
+    """The fields of the first ``count`` rollout_worker_joined events, waiting for them."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        found = [f for k, f in list(events) if k == "rollout_worker_joined"]
+        if len(found) >= count:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"no {count} rollout_worker_joined events within {timeout_s} s: {events}")
 
 
 def threads(count: int, step_s: float = 0.0) -> ThreadGroup:
@@ -81,50 +101,121 @@ def test_a_dead_worker_is_replaced_and_its_groups_are_generated_again(tmp_path):
     seeds = [31, 32, 33, 34, 35, 36]
     reference = fleet(LocalGroup([ScriptedRollouts()])).generate([[1, 2]] * 6, 2, PARAMS, seeds)
     events = []
-    group = ProcessGroup(ScriptedRollouts, [(0.0, 34, str(tmp_path / "died"))] * 2, name="rollout", timeout_s=30,
-                         concurrent=CONCURRENT)
+    group = processes(*[(0.0, 34, str(tmp_path / "died"))] * 2)
     try:
         f = fleet(group, events)
         f.load_weights(WeightsUpdate(3, {}))
         pids = group.pids
-        batch = f.generate([[1, 2]] * 6, 2, PARAMS, seeds)
+        batch = f.generate([[1, 2]] * 6, 2, PARAMS, seeds)  # worker 1 had 34 (and 32, 36): worker 0 does them
         assert torch.equal(batch.response_ids, reference.response_ids) and bool((batch.versions[batch.response_mask > 0] == 3).all())
-        [(kind, fields)] = events
+        kind, fields = events[0]
         assert kind == "rollout_worker_died" and fields["worker"] == 1 and fields["pid"] == pids[1]
-        assert fields["groups_moved"] == 3 and fields["new_pid"] == group.pids[1] != pids[1]
+        assert fields["groups_moved"] == 3 and fields["seconds_lost"] >= 0
+        [join] = joined(events, 1)  # the replacement starts beside the generation, with the current weights
+        assert join["worker"] == 1 and join["replaced"] == pids[1] and join["pid"] == group.pids[1] != pids[1]
+        assert join["version"] == 3 and f.live() == [0, 1]
         seen, _ = _stream(f, [40, 41, 34, 43], None)  # the replacement streams too
         assert sorted(g for groups, _, _ in seen for g in groups) == [0, 1, 2, 3]
+        assert f.take_stats()["rollout/worker1/groups"] > 0
     finally:
-        group.close()
+        f.close()
 
 
 def test_a_dead_worker_mid_stream_loses_no_group(tmp_path):
     seeds = list(range(60, 72))
     reference, _ = _stream(fleet(threads(1)), seeds, None)
     events = []
-    group = ProcessGroup(ScriptedRollouts, [(0.001, 63, str(tmp_path / "died"))] * 2, name="rollout", timeout_s=30,
-                         concurrent=CONCURRENT)
+    f = fleet(processes(*[(0.001, 63, str(tmp_path / "died"))] * 2), events)
     try:
-        seen, result = _stream(fleet(group, events), seeds, None)
+        seen, result = _stream(f, seeds, None)
     finally:
-        group.close()
-    assert [g for g, _, _ in seen] == [g for g, _, _ in reference] and not result.aborted
-    assert [k for k, _ in events] == ["rollout_worker_died"]
+        f.close()
+    assert [g for g, _, _ in seen] == [g for g, _, _ in reference] and not result.aborted and not result.failed
+    assert [k for k, _ in events][0] == "rollout_worker_died"
 
 
-def test_weights_reach_every_worker_and_a_fleet_out_of_restarts_fails(tmp_path):
+def test_a_hung_worker_loses_its_groups_to_the_others_within_its_timeout():
+    seeds = [50, 51, 52, 53]
+    reference = fleet(LocalGroup([ScriptedRollouts()])).generate([[1, 2]] * 4, 2, PARAMS, seeds)
+    events = []
+    f = fleet(processes((0.0,), (0.0, None, "", 51)), events, timeout_s=1.5)  # worker 1 sleeps on seed 51
+    try:
+        began = time.perf_counter()
+        batch = f.generate([[1, 2]] * 4, 2, PARAMS, seeds)
+        assert time.perf_counter() - began < 20  # bounded by the timeout, not the hour the worker sleeps
+        assert torch.equal(batch.response_ids, reference.response_ids)
+        kind, fields = events[0]
+        assert kind == "rollout_worker_hung" and fields["worker"] == 1 and fields["groups_moved"] == 2
+        assert "runtime.roles.rollout.timeout_s" in fields["error"]
+        joined(events, 1)
+    finally:
+        f.close()
+
+
+def test_a_group_that_kills_every_worker_fails_whole_after_its_retries_and_the_rest_are_trained():
+    events = []
+    f = fleet(processes(*[(0.0, 52)] * 3), events, retries=1)  # seed 52 kills any worker, every time
+    try:
+        batch = f.generate([[1, 2]] * 4, 2, PARAMS, [50, 51, 52, 53])
+        assert batch.group_ids.tolist() == [0, 0, 1, 1, 3, 3]  # group 2 left out whole, never in part
+        kinds = [k for k, _ in events]
+        assert kinds.count("rollout_worker_died") == 2  # the first dispatch and its one retry
+        [failed] = [fields for k, fields in events if k == "rollout_groups_failed"]
+        assert failed["groups"] == 1 and failed["retries"] == 1
+        with pytest.raises(FleetError, match=r"every one of the 1 groups of the batch failed on 2 dispatches"):
+            f.generate([[1, 2]], 2, PARAMS, [52])
+    finally:
+        f.close()
+
+
+def test_a_worker_that_raises_twice_in_a_row_is_quarantined_but_an_error_on_every_worker_ends_the_call():
+    events = []
+    f = fleet(processes((0.0,), (0.0, None, "", None, -1)), events)  # worker 1 raises on every call
+    try:
+        seeds = [60, 61, 62, 63]
+        reference = fleet(LocalGroup([ScriptedRollouts()])).generate([[1, 2]] * 4, 2, PARAMS, seeds)
+        for _ in range(2):
+            assert torch.equal(f.generate([[1, 2]] * 4, 2, PARAMS, seeds).response_ids, reference.response_ids)
+        [quarantined] = [fields for k, fields in events if k == "rollout_worker_quarantined"]
+        assert quarantined["worker"] == 1 and "2 calls in a row raised" in quarantined["reason"]
+        assert "injected error" in quarantined["reason"]
+    finally:
+        f.close()
+    f = fleet(processes(*[(0.0, None, "", None, 71)] * 2))  # seed 71 raises wherever it goes
+    try:
+        with pytest.raises(RuntimeError, match=r"injected error on seeds \[71"):
+            f.generate([[1, 2]] * 2, 2, PARAMS, [70, 71])
+    finally:
+        f.close()
+
+
+def test_a_slow_worker_is_quarantined_after_its_steps_and_replaced():
+    events, step = [], [0]
+    f = fleet(processes((0.0,), (0.01,)), events, quarantine=3.0, clock=lambda: step[0])
+    f.quarantine_steps = 2
+    try:
+        for step[0] in range(1, 4):
+            f.generate([[1, 2]] * 4, 2, PARAMS, [80, 81, 82, 83])
+            if any(k == "rollout_worker_quarantined" for k, _ in events):
+                break
+        [quarantined] = [fields for k, fields in events if k == "rollout_worker_quarantined"]
+        assert step[0] == 2 and quarantined["worker"] == 1 and quarantined["steps"] == 2 and quarantined["ratio"] > 3
+        joined(events, 1)
+    finally:
+        f.close()
+
+
+def test_weights_reach_every_worker_and_a_fleet_with_no_worker_left_fails(tmp_path):
     workers = [ScriptedRollouts(), ScriptedRollouts()]
     f = fleet(LocalGroup(workers))
     f.offer_weights(WeightsUpdate(7, {}))
     assert [w.version for w in workers] == [7, 7]
-    group = ProcessGroup(ScriptedRollouts, [(0.0, 5, str(tmp_path / "died"))], name="rollout", timeout_s=30,
-                         concurrent=CONCURRENT)
+    events = []
+    f = fleet(processes((0.0, 5)), events, restarts=0)
     try:
-        import pytest
-
-        from reasonrl.rollout.fleet import FleetError
-
-        with pytest.raises(FleetError, match=r"gave up after 0 replacements \(resilience.rollout_restarts=0\)"):
-            fleet(group, restarts=0).generate([[1]], 2, PARAMS, [5])
+        with pytest.raises(FleetError, match=r"no rollout worker left: each of the 1 failed 0 restarts in a row "
+                                             r"\(resilience.rollout_restarts\)"):
+            f.generate([[1]], 2, PARAMS, [5])
+        assert [k for k, _ in events] == ["rollout_worker_died", "rollout_worker_gone"]
     finally:
-        group.close()
+        f.close()

@@ -24,7 +24,7 @@ PACKAGE = Path(reasonrl.__file__).parent
 LAYERS: list[set[str]] = [
     # __version__: the package root's, read by the CLI. plugins (loads module:Name and file.py:Name), metrics and
     # samples (metric and sample records) import only the standard library, errors and types.
-    {"types", "errors", "__version__", "plugins", "metrics", "samples"},
+    {"types", "errors", "__version__", "plugins", "metrics", "samples", "restarts"},
     {"config", "loggers"},  # loggers: given the resolved config
     {"algo"},
     {"models", "precision"},

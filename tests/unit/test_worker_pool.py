@@ -8,8 +8,9 @@ import time
 import pytest
 
 from reasonrl.errors import InputError, LimitError
+from reasonrl.restarts import RestartPolicy
 from reasonrl.runtime.group import WorkerDied
-from reasonrl.runtime.pool import Done, PoolStart, RestartPolicy, RestartsExhausted, WorkerPool
+from reasonrl.runtime.pool import Done, PoolStart, RestartsExhausted, WorkerPool
 from reasonrl.runtime.process import ProcessGroup
 from tests.worker_fixtures import Counter
 

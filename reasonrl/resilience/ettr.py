@@ -14,8 +14,10 @@
     are all in it. Consecutive failures before one successful restart count once.
   - A rollback: the wasted steps' time plus the restore (``recover_s``).
   - A skipped non-finite step: its time.
-  - A rollout worker replaced within a step (``rollout_worker_died``, ``rollout_worker_hung``):
-    its ``seconds_lost`` (the replacement and reload), taken out of that step's productive time.
+  - A rollout worker lost within a step (``rollout_worker_died``, ``rollout_worker_hung``): its
+    ``seconds_lost`` (how long its unfinished groups had run before they moved to other
+    workers), taken out of that step's productive time. Its replacement starts beside the
+    generation (``rollout_worker_joined``) and costs the step nothing.
 - Neither: loading, validation and checkpoints outside an incident, and the time between two
   invocations of a run (a stopped run resumed later loses nothing).
 
@@ -34,11 +36,12 @@ FAILURES = frozenset({"crash", "killed", "hang"})
 """Event kinds of a trainer that the supervisor saw fail (and restarts)."""
 
 LIFECYCLE_KINDS = frozenset({"start", "resume", "recovered", "done", "stopped", "checkpoint", "slowdown_recovered",
-                             "rollout_leftover", "rollout_started", "fatal"})
+                             "rollout_leftover", "rollout_started", "rollout_worker_joined", "fatal"})
 """Event kinds that record the run's course rather than an incident."""
 
 WORKER_REPLACED = frozenset({"rollout_worker_died", "rollout_worker_hung"})
-"""A rollout worker replaced within a step: its ``seconds_lost`` count as lost time."""
+"""A rollout worker lost within a step: its ``seconds_lost`` (the time its unfinished groups
+had run, which other workers generate again) count as lost time."""
 
 
 def effective_time(events: list[dict[str, Any]], step_s: dict[int, float]) -> dict[str, Any]:

@@ -237,7 +237,8 @@ class FaultPlan:
         """How many times longer ``stage`` of ``worker`` takes at ``step``: 1.0 normally.
 
         A slow fault fires at the first matching call inside its window
-        ``[step, step + steps)`` and then applies to that window in this process.
+        ``[step, step + steps)`` and then applies to that window in the process it fired in
+        (once per run: a replacement of a slowed worker reads the faults already fired).
         """
         factor = 1.0
         for f in self.faults:
@@ -245,6 +246,8 @@ class FaultPlan:
                 continue
             if not f.step <= step < f.step + f.get("steps"):
                 continue
+            if f.spec not in self.fired and self._path is not None and self._path.exists():
+                self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
             if f.spec not in self.fired:
                 self.mark(f, stage=stage, worker=worker)
                 self._slowing.add(f.spec)

@@ -70,7 +70,8 @@ def test_rollout_side_faults_act_in_async_mode_and_name_the_worker(model_dir, tm
     cfg = load(None, overrides(model_dir, tmp_path, 14, "rollout.mode=async", "runtime.roles.rollout.count=2",
                                "runtime.roles.reward.count=1", "runtime.roles.reward.timeout_s=0.5",
                                "faults=[reward_error@2:count=2,reward_timeout@3,slow@8:worker=1:factor=4]",
-                               "resilience.slow_window=4", "resilience.slow_min_s=0.005", "eval.every_steps=0"))
+                               "resilience.slow_window=4", "resilience.slow_min_s=0.005", "eval.every_steps=0",
+                               "runtime.roles.rollout.quarantine_ratio=0"))  # the slow worker keeps a share
     Controller(cfg).run()
     events = read_jsonl(tmp_path / "events.jsonl")
     failed = [e for e in events if e["kind"] == "reward_failed"]
@@ -137,24 +138,84 @@ def _rollout_pids(run_dir, after_steps: int) -> list[int]:
     return _wait_for(ready, 120, f"{after_steps} steps and the rollout workers")
 
 
+def _events(run_dir) -> list[dict]:
+    return read_jsonl(run_dir / "events.jsonl") if (run_dir / "events.jsonl").exists() else []
+
+
+def _joined(run_dir, count: int) -> list[dict]:
+    """The first ``count`` rollout_worker_joined events, waiting for them."""
+    def found():
+        joins = [e for e in _events(run_dir) if e["kind"] == "rollout_worker_joined"]
+        return joins if len(joins) >= count else None
+
+    return _wait_for(found, 120, f"{count} rollout_worker_joined events")
+
+
+def _assert_whole_groups(run_dir, n: int) -> None:
+    """Every trained group is ``n`` samples of one prompt, each sample index once (the train
+    records of samples.jsonl hold the whole batch)."""
+    records = [r for r in read_jsonl(run_dir / "samples.jsonl") if r["split"] == "train"]
+    steps = {r["step"] for r in records}
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    for step in steps:
+        mine = [r for r in records if r["step"] == step]
+        by_prompt: dict[str, list[int]] = {}
+        for r in mine:
+            by_prompt.setdefault(r["prompt_id"], []).append(r["sample"])
+        assert all(sorted(samples) == list(range(n)) for samples in by_prompt.values()), (step, by_prompt)
+        assert len(by_prompt) == rows[step - 1]["batch/kept_groups"]
+
+
 @pytest.mark.slow
-def test_rollout_workers_that_die_or_hang_mid_step_are_replaced_and_no_prompt_is_lost(model_dir, tmp_path):
-    proc = _run_async(tmp_path, model_dir, 16, "runtime.roles.rollout.timeout_s=3", "runtime.roles.rollout.count=2")
+def test_a_rollout_worker_killed_three_times_costs_no_sample_and_no_partial_group(model_dir, tmp_path):
+    proc = _run_async(tmp_path, model_dir, 14, "runtime.roles.rollout.count=3", "run.keep_samples=8",
+                      "runtime.roles.rollout.quarantine_ratio=0")
+    killed = []
     try:
-        first, second = _rollout_pids(tmp_path, after_steps=3)
-        os.kill(second, signal.SIGKILL)
-        _wait_for(lambda: any(e["kind"] == "rollout_worker_died" for e in read_jsonl(tmp_path / "events.jsonl")), 120,
-                  "the dead worker's replacement")
-        _rollout_pids(tmp_path, after_steps=8)
-        os.kill(first, signal.SIGSTOP)
+        pids = _rollout_pids(tmp_path, after_steps=2)
+        for k in range(3):
+            os.kill(pids[1], signal.SIGKILL)
+            killed.append(pids[1])
+            pids[1] = _joined(tmp_path, k + 1)[k]["pid"]  # its replacement, killed in turn
         out, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
     events = read_jsonl(tmp_path / "events.jsonl")
-    incidents = [(e["kind"], e["worker"], e["pid"]) for e in events if e["kind"].startswith("rollout_worker_")]
-    assert incidents == [("rollout_worker_died", 1, second), ("rollout_worker_hung", 0, first)]
-    assert all(e["new_pid"] not in (first, second) for e in events if e["kind"].startswith("rollout_worker_"))
+    deaths = [e for e in events if e["kind"] == "rollout_worker_died"]
+    assert [(e["worker"], e["pid"]) for e in deaths] == [(1, pid) for pid in killed]
+    joins = [e for e in events if e["kind"] == "rollout_worker_joined"]
+    assert [(e["worker"], e["replaced"]) for e in joins] == [(1, pid) for pid in killed]
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 15))
+    _assert_every_prompt_used_once(tmp_path)
+    _assert_whole_groups(tmp_path, 2)
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_is_hung_within_its_timeout_and_a_slowed_one_is_quarantined(model_dir, tmp_path):
+    proc = _run_async(tmp_path, model_dir, 16, "runtime.roles.rollout.count=3", "runtime.roles.rollout.timeout_s=3",
+                      "runtime.roles.rollout.quarantine_ratio=3", "runtime.roles.rollout.quarantine_steps=2",
+                      "faults=[slow@3:worker=2:factor=30:steps=40]")
+    try:
+        quarantined = _wait_for(lambda: [e for e in _events(tmp_path) if e["kind"] == "rollout_worker_quarantined"
+                                         and e["worker"] == 2], 180, "the slowed worker's quarantine")
+        pids = _rollout_pids(tmp_path, after_steps=8)
+        os.kill(pids[0], signal.SIGSTOP)
+        stopped_at = time.time()
+        hung = _wait_for(lambda: [e for e in _events(tmp_path) if e["kind"] == "rollout_worker_hung"], 120,
+                         "the stopped worker's detection")
+        detected_in = time.time() - stopped_at
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert quarantined[0]["ratio"] > 3 and quarantined[0]["steps"] == 2
+    assert hung[0]["worker"] == 0 and hung[0]["pid"] == pids[0] and "timeout_s" in hung[0]["error"]
+    assert detected_in < 3 + 30  # the timeout, and the step it was detected in
+    events = read_jsonl(tmp_path / "events.jsonl")
+    joins = [(e["worker"], e["replaced"]) for e in events if e["kind"] == "rollout_worker_joined"]
+    assert (2, quarantined[0]["pid"]) in joins and (0, pids[0]) in joins
+    [fired] = [e for e in events if e["kind"] == "fault_injected" and e.get("fault", "").startswith("slow")]
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 17))
     _assert_every_prompt_used_once(tmp_path)
 

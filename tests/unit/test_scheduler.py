@@ -246,6 +246,47 @@ def test_without_dynamic_sampling_one_batch_as_scored(model):
     check_lifecycle(s, stats)
 
 
+class Losing:
+    """A generator that loses the groups whose seed is in ``lose`` (as the rollout fleet leaves
+    out a group that ran out of retries): missing from ``generate``'s rows, named in a stream's
+    ``failed``."""
+
+    def __init__(self, inner, lose: set[int]) -> None:
+        self.inner, self.lose, self.streams = inner, lose, inner.streams
+
+    def generate(self, prompts, n, params, seeds):
+        keep = [g for g, seed in enumerate(seeds) if seed not in self.lose]
+        rows = self.inner.generate([prompts[g] for g in keep], n, params, [seeds[g] for g in keep])
+        rows.group_ids = torch.tensor(keep).repeat_interleave(n)
+        return rows
+
+
+def test_a_failed_group_is_recorded_whole_and_a_plain_batch_draws_one_more_in_its_place(model):
+    prompts = Prompts(run=6)
+    lost = group_seed(6, 1)
+    s = RolloutScheduler(Losing(FastGenerator(model, PAD, EOS), {lost}), fake_score(), N, PARAMS, want_groups=3,
+                         dynamic=False, pad_id=PAD)
+    batch, stats = s.collect(prompts)
+    assert prompts.requests == [3, 1]  # the failed group's place is drawn again
+    plain = FastGenerator(model, PAD, EOS).generate(
+        [prompts.items[d][1] for d in (0, 2, 3)], N, PARAMS, [group_seed(6, d) for d in (0, 2, 3)])
+    assert batch.rollout.group_ids.tolist() == [0] * N + [1] * N + [2] * N
+    T = int(plain.lengths.max())
+    assert torch.equal(batch.rollout.response_ids[:, :T], plain.response_ids[:, :T])
+    assert s.kept_draws == [0, 2, 3]
+    assert [r.state for r in s.samples[::N]] == [SampleState.KEPT, SampleState.FAILED, SampleState.KEPT, SampleState.KEPT]
+    assert stats["batch/failed_groups"] == 1 and stats["batch/kept_groups"] == 3
+
+
+def test_a_failed_group_in_dynamic_sampling_is_failed_not_dropped(model):
+    prompts = Prompts(run=6)
+    s = RolloutScheduler(Losing(FastGenerator(model, PAD, EOS), {group_seed(6, 0)}), fake_score(), N, PARAMS,
+                         want_groups=2, oversample=2.0, early_stop=False, pad_id=PAD)
+    batch, stats = s.collect(prompts)
+    assert s.samples[0].state is SampleState.FAILED and 0 not in s.kept_draws
+    assert stats["batch/failed_groups"] == 1 and batch.rollout.size == 2 * N
+
+
 def test_batch_sizes_and_validation(model):
     s = scheduler(model, want_groups=10, oversample=1.1)
     assert [s.batch_prompts(m) for m in (10, 3, 1)] == [11, 4, 2]

@@ -33,7 +33,7 @@ from reasonrl.rollout.fleet import FLEET_CONCURRENT, RolloutFleet
 from reasonrl.rollout.source import AsyncSource, RolloutProducer
 from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
 from reasonrl.runtime.group import ThreadGroup
-from reasonrl.runtime.topology import Topology, pool_start, rank_threads, spawn
+from reasonrl.runtime.topology import Topology, pool_start, rank_threads, spawn, worker_args
 from reasonrl.types import Prompt
 from reasonrl.warmstart import resolve_model_dir
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker
@@ -143,10 +143,11 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
 
     def launch() -> ThreadGroup:
         if role.where == "thread":
-            args = [(cfg, model_dir, rank0.module, 0, _env_workers(topology, run.emit)) for _ in range(role.count)]
+            one = (cfg, model_dir, rank0.module, 0, _env_workers(topology, run.emit))
         else:  # the events of environment workers in another process have no way back
-            args = [(cfg, model_dir, None, role.threads, _env_workers(topology, None)) for _ in range(role.count)]
-        workers = spawn(role, build_rollout_worker, args, concurrent=FLEET_CONCURRENT, wrap=wrap, reservation=reservation)
+            one = (cfg, model_dir, None, role.threads, _env_workers(topology, None))
+        workers = spawn(role, build_rollout_worker, [one] * role.count, concurrent=FLEET_CONCURRENT, wrap=wrap,
+                        reservation=reservation)
         try:
             probe = workers.submit_to(0, "capabilities").result(timeout=role.timeout_s)
             fleet = RolloutFleet(workers, pad_id=pad_id, streams=probe["streams"], episodic=probe["episodic"],
@@ -154,7 +155,9 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
                                  group_retries=cfg.rollout.group_retries, failures=(WorkerDied, WorkerTimeout),
                                  quarantine_ratio=rollout_role.quarantine_ratio,
                                  quarantine_steps=rollout_role.quarantine_steps,
-                                 detector=run.slow, clock=run.clock, emit=run.emit)
+                                 quarantine_min_s=cfg.resilience.slow_min_s,
+                                 detector=run.slow, clock=run.clock, emit=run.emit,
+                                 new_worker=lambda i: worker_args(i, one))
             reward = RewardWorker(cfg, model_dir, pool_start(topology["reward"], reservation=reservation, emit=run.emit))
             if kinds & {"reward_timeout", "reward_error"}:
                 reward = FaultyRewards(reward, run.faults, run.clock)
@@ -163,7 +166,7 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
             workers.close()
             raise
         return ThreadGroup(_hosted, [(producer,)], name="rollout producer", timeout_s=role.timeout_s,
-                           concurrent=("offer_weights", "stage_weights", "pids"))
+                           concurrent=("offer_weights", "stage_weights", "pids", "resize"))
 
     return AsyncSource(
         launch, rank0.weights(), n=cfg.rollout.n, pad_id=pad_id, want=cfg.train.prompts_per_step,

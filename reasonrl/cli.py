@@ -252,6 +252,25 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     return 0 if ledger.ok else 1
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    """Ask a run for other worker counts (ROLE=N ...): kept in RUN_DIR/scale.json; a running run
+    applies a rollout count before its next step, reward and env counts when it next starts."""
+    from reasonrl.runtime.scaling import LIVE, request_scale
+
+    counts = {}
+    for item in args.counts:
+        role, sep, count = item.partition("=")
+        if not sep or not count.strip().isdigit():
+            raise InputError(f"reasonrl scale: {item!r} is not ROLE=N (for example rollout=3)")
+        counts[role.strip()] = int(count)
+    merged = request_scale(args.run_dir, counts)
+    for role, n in sorted(counts.items()):
+        when = "before its next step (if it is running), else when it starts" if role in LIVE else "when it next starts"
+        print(f"{role}: {n} workers, applied {when}")
+    print(f"kept in {Path(args.run_dir) / 'scale.json'}: {merged}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from reasonrl.report import write_report
 
@@ -371,6 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
                                       "stale, filtered, left over); exit 1 naming the draws that do not")
     p.add_argument("run_dir", help="the run directory (run.dir)")
     p.set_defaults(fn=cmd_ledger)
+    p = sub.add_parser("scale", help="change a run's worker counts (rollout=N live; reward=N, env=N at its next "
+                                     "start), within runtime.roles.<role>.min/.max")
+    p.add_argument("run_dir", help="the run directory (run.dir)")
+    p.add_argument("counts", nargs="+", metavar="ROLE=N", help="rollout=3, reward=2, env=4")
+    p.set_defaults(fn=cmd_scale)
     p = sub.add_parser("report")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None)

@@ -42,6 +42,7 @@ from reasonrl.resilience.injection import FaultyHeartbeat, checkpoint_writer
 from reasonrl.resilience.rundir import RunLock, check_run_dir
 from reasonrl.rollout.agent_loop import AgentLoop
 from reasonrl.runtime import WorkerTimeout
+from reasonrl.runtime.scaling import ScaleWatch, scaled
 from reasonrl.runtime.topology import Topology, plan
 from reasonrl.samples import sample_records
 from reasonrl.train.update import sampler_gap
@@ -93,6 +94,7 @@ class Controller:
         check_run_dir(self.run_dir)
         self.lock = RunLock(self.run_dir, "trainer").acquire()
         try:
+            self.cfg = cfg = scaled(cfg, self.run_dir)  # the counts reasonrl scale asked for
             self._build(cfg, log, topology or plan(cfg))
         except BaseException:
             self.lock.release()
@@ -346,6 +348,7 @@ class Controller:
         self.events.emit("start", self.step_count, resumed=resumed, pid=os.getpid())
         step_s = step_seconds(read_jsonl(self.run_dir / "metrics.jsonl"))
         stop = _StopFlag()
+        scale = ScaleWatch(self.run_dir, cfg)
         start = last_checkpoint = time.time()
         last: dict[str, float] = {}
         self.watchdog, self.heartbeat = self._heartbeat()
@@ -356,6 +359,7 @@ class Controller:
                 sink.log(0, {**last, **t, "time": time.time() - start})
                 self.keep_samples(0, sink, samples, [], self.val_samples)
             while self.step_count < cfg.train.total_steps and not stop.signum:
+                self.rescale(scale.poll())
                 metrics = self.step()
                 every = cfg.eval.every_steps
                 if every and (self.step_count % every == 0 or self.step_count == cfg.train.total_steps):
@@ -393,6 +397,13 @@ class Controller:
                     "train.grad_clip and the reward function")
             self.rank0.export(self.run_dir / "final")  # in this process: the groups are closed by now
         return last
+
+    def rescale(self, counts: dict[str, int]) -> None:
+        """Apply the rollout count ``reasonrl scale`` asked for, before the next step (a
+        ``rollout_scaled`` event at that step; the fleet grows or shrinks beside the steps)."""
+        if "rollout" in counts:
+            self.source.resize(counts["rollout"])
+            self.events.emit("rollout_scaled", self.step_count + 1, workers=counts["rollout"])
 
     def keep_samples(self, step: int, sink: MetricsSink, samples: StepLog | None, train: list[dict], val: list[dict]) -> None:
         """Write the step's sample records to samples.jsonl (run.keep_samples training ones,

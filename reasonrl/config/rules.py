@@ -101,6 +101,12 @@ def _check_roles(cfg: Config) -> None:
         _require(spec.cpus > 0, f"{key}.cpus", spec.cpus, "must be > 0")
         _require(spec.gpus >= 0, f"{key}.gpus", spec.gpus, "must be >= 0")
         _require(spec.timeout_s > 0, f"{key}.timeout_s", spec.timeout_s, "must be > 0")
+        _require(spec.min >= 0, f"{key}.min", spec.min, "must be >= 0")
+        _require(spec.max == 0 or spec.max >= max(spec.min, 1), f"{key}.max", spec.max,
+                 f"must be 0 (no bound) or >= {key}.min and >= 1")
+        if least is not None:
+            _require(spec.count >= spec.min and (spec.max == 0 or spec.count <= spec.max), f"{key}.count", spec.count,
+                     f"must be within {key}.min={spec.min} and {key}.max={spec.max or 'unbounded'}")
         allowed = ("auto", "policy", "none") if name == "rollout" else ("none", *(r for r in _ROLE_NAMES if r != name))
         _require(spec.colocate in allowed, f"{key}.colocate", spec.colocate,
                  "must be one of " + ", ".join(repr(a) for a in allowed))

@@ -485,6 +485,11 @@ class RoleConfig:
     timeout_s: float = 600.0
     """Seconds a call to one of these workers may take before the worker counts as hung (the
     trainer ranks: a step's budget, plus runtime.collective_timeout_s)."""
+    min: int = 0
+    """``reasonrl scale``: the fewest workers of this role a run may be scaled to (rollout: at
+    least 1 whatever this says)."""
+    max: int = 0
+    """``reasonrl scale``: the most workers of this role a run may be scaled to; 0: no bound."""
 
 
 @dataclass(frozen=True)
@@ -502,9 +507,10 @@ class RolloutRoleConfig(RoleConfig):
     other workers within the step and it is replaced in the background (so is one that dies)."""
     quarantine_ratio: float = 5.0
     """A rollout worker whose seconds per generated token exceed this many times the median of
-    the other workers' for quarantine_steps steps in a row is quarantined: taken out of service
-    and replaced (a rollout_worker_quarantined event); 0: never. Milder stragglers only get a
-    smaller share of the groups (resilience.slow_ratio)."""
+    the other workers', at a cost of at least resilience.slow_min_s seconds, for
+    quarantine_steps steps in a row is quarantined: taken out of service and replaced (a
+    rollout_worker_quarantined event); 0: never. Milder stragglers only get a smaller share of
+    the groups (resilience.slow_ratio)."""
     quarantine_steps: int = 3
     """Steps in a row a rollout worker must be past quarantine_ratio before it is quarantined."""
 

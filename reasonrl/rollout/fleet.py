@@ -154,17 +154,20 @@ class _Call:
 
 @dataclass
 class _Slot:
-    """Worker ``i`` of the fleet: ``live`` (serving), ``joining`` (its replacement is starting)
-    or ``gone`` (out of restarts in a row); its restarts in a row, the calls in a row that
-    raised, and the steps in a row it was slow."""
+    """Worker ``i`` of the fleet: ``live`` (serving), ``joining`` (starting: a replacement, or
+    added by :meth:`RolloutFleet.resize`), ``leaving`` (removed by a resize: it takes no new
+    groups and goes once free) or ``gone`` (out of restarts in a row); whether a resize
+    removes it once it has joined; its restarts in a row, the calls in a row that raised, and
+    the steps in a row it was slow."""
 
     state: str = "live"
+    leave: bool = False
     in_a_row: int = 0
     restarted_at: float = -math.inf
     raised_in_a_row: int = 0
     slow_steps: int = 0
     slow_step: int = -1
-    fresh: bool = False  # replaced since its speed was last recorded
+    fresh: bool = False  # quarantined: its replacement's speed is measured afresh
 
 
 class FleetError(RuntimeError):
@@ -189,22 +192,25 @@ class RolloutFleet:
     worker; ``restarts`` (a :class:`~reasonrl.restarts.RestartPolicy`) replaces a worker that
     died, hung or was quarantined, in the background; ``group_retries`` is each group's
     budget of failed dispatches; a worker is quarantined once its seconds per generated token
-    are past ``quarantine_ratio`` times the median of the others' for ``quarantine_steps``
-    steps in a row (0: never), or after :data:`RAISES_TO_QUARANTINE` calls in a row that
+    are past ``quarantine_ratio`` times the median of the others', costing at least
+    ``quarantine_min_s`` seconds, for ``quarantine_steps`` steps in a row (0: never), or after :data:`RAISES_TO_QUARANTINE` calls in a row that
     raised (a group a worker raised on goes to another one where there is one).
     ``detector`` (a :class:`~reasonrl.resilience.guards.SlowdownDetector`, or None)
     is fed each worker's seconds per generated token at ``clock()``'s step and shrinks a slow
     worker's share; ``emit(kind, **fields)`` writes events; ``streams`` and ``episodic`` are
-    the workers'; ``failures`` are the exception types of a dead or hung worker (the runtime's).
+    the workers'; ``failures`` are the exception types of a dead or hung worker (the runtime's);
+    ``new_worker(i)`` gives the arguments of the group's ``grow`` for worker ``i`` (None: the
+    fleet's size is fixed).
     """
 
     def __init__(self, group, *, pad_id: int, streams: bool, episodic: bool, timeout_s: float, restarts: RestartPolicy,
                  group_retries: int, failures: tuple[type[BaseException], ...], quarantine_ratio: float = 0.0,
-                 quarantine_steps: int = 3, detector=None, clock: Callable[[], int] = lambda: 0,
-                 emit: Callable[..., None] = lambda kind, **f: None) -> None:
+                 quarantine_steps: int = 3, quarantine_min_s: float = 0.0, detector=None, clock: Callable[[], int] = lambda: 0,
+                 emit: Callable[..., None] = lambda kind, **f: None,
+                 new_worker: Callable[[int], tuple] | None = None) -> None:
         self.group, self.pad_id, self.timeout_s = group, pad_id, timeout_s
         self.restarts, self.group_retries = restarts, group_retries
-        self.quarantine_ratio, self.quarantine_steps = quarantine_ratio, quarantine_steps
+        self.quarantine_ratio, self.quarantine_steps, self.quarantine_min_s = quarantine_ratio, quarantine_steps, quarantine_min_s
         self.failures = (*failures, FutureTimeout, TimeoutError)
         self.streams, self.episodic = streams, episodic
         self.detector, self.clock, self.emit = detector, clock, emit
@@ -212,6 +218,10 @@ class RolloutFleet:
         """Workers replaced so far (died, hung or quarantined)."""
         self._cond = threading.Condition()  # the slots and the weights; generation, weights and replacements run on different threads
         self._slots = [_Slot() for _ in range(group.size)]
+        self._busy: dict[int, int] = {}  # tasks running per worker
+        self.new_worker = new_worker
+        self._target = group.size
+        self._scaler: threading.Thread | None = None
         self._replacing: list[threading.Thread] = []
         self._closing = False
         self.current: WeightsUpdate | None = None
@@ -224,7 +234,9 @@ class RolloutFleet:
 
     @property
     def size(self) -> int:
-        return self.group.size
+        """The workers of the fleet, whatever their state (joining ones included)."""
+        with self._cond:
+            return len(self._slots)
 
     def live(self) -> list[int]:
         """The workers serving now (not being replaced, not given up)."""
@@ -262,11 +274,14 @@ class RolloutFleet:
         worker is left at all."""
         if not call.waiting:
             return
-        with self._cond:
-            live = [i for i, s in enumerate(self._slots) if s.state == "live"]
-            if not live and all(s.state == "gone" for s in self._slots):
-                raise FleetError(f"no rollout worker left: each of the {self.size} failed "
-                                 f"{self.restarts.budget} restarts in a row (resilience.rollout_restarts)")
+        with self._cond:  # a resize waits: a worker it removes is never sent a group
+            self._dispatch_locked(call)
+
+    def _dispatch_locked(self, call: _Call) -> None:
+        live = [i for i, s in enumerate(self._slots) if s.state == "live"]
+        if not live and all(s.state == "gone" for s in self._slots):
+            raise FleetError(f"no rollout worker left: each of the {len(self._slots)} failed "
+                             f"{self.restarts.budget} restarts in a row (resilience.rollout_restarts)")
         busy = {t.worker for t in call.running()}
         free = [w for w in live if w not in busy]
         if not free:
@@ -296,7 +311,8 @@ class RolloutFleet:
         pid = self.group.pids[worker]
         future = self.group.submit_to(worker, call.method, [call.prompts[g] for g in groups], call.n, call.params,
                                       [call.seeds[g] for g in groups], **kwargs)
-        self._stats[worker]["groups"] += len(groups)
+        self._stat(worker)["groups"] += len(groups)
+        self._busy[worker] = self._busy.get(worker, 0) + 1
         call.tasks.append(_Task(worker, groups, future, pid))
 
     def _settled(self, call: _Call) -> list[_Task]:
@@ -325,30 +341,32 @@ class RolloutFleet:
         worker (or fail, out of retries), and its worker is replaced (died, hung) or, after
         :data:`RAISES_TO_QUARANTINE` raises in a row, quarantined. A group that a second call
         raises on is not a worker's fault: that error ends the call."""
-        task.done = True
-        moved = [g for g in task.groups if g not in task.reported]
-        raised = not isinstance(error, self.failures)
-        if raised:
-            if any(g in call.raised for g in moved):
-                raise error
-            call.raised.update((g, task.pid) for g in moved)
-        for g in moved:
-            call.tries[g] = call.tries.get(g, 0) + 1
-            (call.failed if call.tries[g] > self.group_retries else call.waiting).append(g)
-        out = [g for g in moved if call.tries[g] > self.group_retries]
-        if out:
-            self.emit("rollout_groups_failed", worker=task.worker, groups=len(out), retries=self.group_retries,
-                      error=str(error)[:300])
-        if raised:
-            with self._cond:
-                slot = self._slots[task.worker]
-                slot.raised_in_a_row += 1
-                count = slot.raised_in_a_row
-            if count >= RAISES_TO_QUARANTINE:
-                self._quarantine(task.worker, f"{count} calls in a row raised, the last: {str(error)[:200]}",
-                                 groups_moved=len(moved))
-        else:
-            self._lost(task, error, len(moved))
+        try:
+            moved = [g for g in task.groups if g not in task.reported]
+            raised = not isinstance(error, self.failures)
+            if raised:
+                if any(g in call.raised for g in moved):
+                    raise error
+                call.raised.update((g, task.pid) for g in moved)
+            for g in moved:
+                call.tries[g] = call.tries.get(g, 0) + 1
+                (call.failed if call.tries[g] > self.group_retries else call.waiting).append(g)
+            out = [g for g in moved if call.tries[g] > self.group_retries]
+            if out:
+                self.emit("rollout_groups_failed", worker=task.worker, groups=len(out), retries=self.group_retries,
+                          error=str(error)[:300])
+            if raised:
+                with self._cond:
+                    slot = self._slots[task.worker]
+                    slot.raised_in_a_row += 1
+                    count = slot.raised_in_a_row
+                if count >= RAISES_TO_QUARANTINE:
+                    self._quarantine(task.worker, f"{count} calls in a row raised, the last: {str(error)[:200]}",
+                                     groups_moved=len(moved))
+            else:
+                self._lost(task, error, len(moved))
+        finally:
+            self._free(task)  # last: a resize may remove the worker once it is free
 
     def _lost(self, task: _Task, error: BaseException, moved: int) -> None:
         """The worker of ``task`` died or hung: a ``rollout_worker_died`` or ``_hung`` event (its
@@ -373,7 +391,7 @@ class RolloutFleet:
             slot = self._slots[worker]
             if slot.state != "live":
                 return
-            slot.state = "joining"
+            slot.state, slot.fresh = "joining", True
             pid = self.group.pids[worker]
         self.emit("rollout_worker_quarantined", worker=worker, pid=pid, reason=reason, **fields)
         self._replace(worker, pid)
@@ -433,24 +451,27 @@ class RolloutFleet:
             with self._cond:
                 if self.current is current and self.staged is staged:
                     slot = self._slots[worker]
-                    slot.state, slot.fresh, slot.raised_in_a_row, slot.slow_steps = "live", True, 0, 0
+                    slot.state = "leaving" if slot.leave else "live"
+                    slot.raised_in_a_row = slot.slow_steps = 0
                     self._cond.notify_all()
                     return None if current is None else current.version
 
     def _answered(self, task: _Task) -> None:
         """A task answered: its worker's restarts and raises in a row start again, and its
-        figures count (:meth:`_account`)."""
-        task.done = True
+        figures count (:meth:`_account`); then its worker is free (a resize may remove it)."""
         with self._cond:
-            slot = self._slots[task.worker]
             if self.group.pids[task.worker] == task.pid:
+                slot = self._slots[task.worker]
                 slot.in_a_row = slot.raised_in_a_row = 0
         self._account(task)
+        self._free(task)
 
     def _judge_speed(self, call: _Call) -> None:
         """Quarantine a worker whose seconds per generated token in ``call`` were more than
-        ``quarantine_ratio`` times the median of the other workers' for ``quarantine_steps``
-        steps in a row (steps by ``clock()``; several calls of one step count once)."""
+        ``quarantine_ratio`` times the median ``m`` of the other workers', and whose excess
+        ``seconds - m * tokens`` was at least ``quarantine_min_s`` (a call of milliseconds is
+        never slow for noise), for ``quarantine_steps`` steps in a row (steps by ``clock()``;
+        several calls of one step count once)."""
         if not self.quarantine_ratio:
             return
         spent: dict[int, list[float]] = {}
@@ -463,9 +484,10 @@ class RolloutFleet:
             return
         step = self.clock()
         for w, s in speed.items():
-            ratio = s / statistics.median(v for u, v in speed.items() if u != w)
+            others = statistics.median(v for u, v in speed.items() if u != w)
+            ratio = s / others
             slot = self._slots[w]
-            if ratio <= self.quarantine_ratio:
+            if ratio <= self.quarantine_ratio or spent[w][0] - others * spent[w][1] < self.quarantine_min_s:
                 slot.slow_steps = 0
                 continue
             if slot.slow_step != step:
@@ -481,6 +503,101 @@ class RolloutFleet:
         if call.failed and not handed:
             raise FleetError(f"every one of the {len(call.prompts)} groups of the batch failed on "
                              f"{self.group_retries + 1} dispatches (rollout.group_retries={self.group_retries})")
+
+    def _free(self, task: _Task) -> None:
+        """``task`` is over: its worker has one running task fewer."""
+        if task.done:
+            return
+        task.done = True
+        with self._cond:
+            self._busy[task.worker] -= 1
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ size
+    def resize(self, count: int) -> None:
+        """Grow or shrink the fleet to ``count`` workers; thread-safe, returns at once. Added
+        workers start on a thread of the fleet's, load the current (and staged) weights and
+        then serve (``rollout_worker_joined`` with ``reason="scale"`` and the seconds it took);
+        the workers past ``count`` (the highest indices) take no new group, finish the groups
+        they hold and go (``rollout_worker_left``)."""
+        if type(count) is not int or count < 1:
+            raise ValueError(f"RolloutFleet.resize: count = {count!r}, expected an integer >= 1")
+        if self.new_worker is None:
+            raise FleetError("this rollout fleet cannot change its size: it was built without a way to start workers "
+                             "(new_worker)")
+        revived = []
+        with self._cond:
+            self._target = count
+            for i, slot in enumerate(self._slots):
+                slot.leave = i >= count
+                if slot.state == "live" and slot.leave:
+                    slot.state = "leaving"
+                elif slot.state == "leaving" and not slot.leave:  # asked back before it went: weights first
+                    slot.state = "joining"
+                    revived.append(i)
+            self._cond.notify_all()
+        for i in revived:
+            threading.Thread(target=self._rejoin_kept, args=(i,), name=f"reasonrl-rollout{i}-rejoin", daemon=True).start()
+        with self._cond:
+            if self._scaler is None:
+                self._scaler = threading.Thread(target=self._scale, name="reasonrl-rollout-scaler", daemon=True)
+                self._scaler.start()
+
+    def _rejoin_kept(self, index: int) -> None:
+        """A leaving worker asked back: the current weights, then service again."""
+        began = time.perf_counter()
+        try:
+            version = self._bring_up(index)
+        except self.failures as err:  # dead or hung meanwhile: replaced as any other
+            with self._cond:
+                self._slots[index].state = "live"
+            self._lost(_Task(index, [], Future(), self.group.pids[index]), err, 0)
+            return
+        self.emit("rollout_worker_joined", worker=index, pid=self.group.pids[index], replaced=None, version=version,
+                  seconds=time.perf_counter() - began, reason="scale", workers=index + 1)
+
+    def _scale(self) -> None:
+        """The scaler's thread: one worker at a time, add (the next index) or remove (the last,
+        once it is free) until the fleet has the size last asked for."""
+        while True:
+            with self._cond:
+                n = len(self._slots)
+                if self._closing or n == self._target:
+                    self._scaler = None
+                    return
+                if n < self._target:
+                    index, action = n, "grow"
+                    self._slots.append(_Slot(state="joining"))
+                elif self._slots[-1].state in ("leaving", "gone") and not self._busy.get(n - 1):
+                    index, action = n - 1, "shrink"
+                    self._slots.pop()
+                    self._busy.pop(index, None)
+                else:  # the last worker is busy, or a replacement is starting: wait for it
+                    self._cond.wait(JOIN_WAIT_S)
+                    continue
+            if action == "grow":
+                self._add(index)
+            else:
+                pid = self.group.pids[index]
+                self.group.shrink()
+                self.emit("rollout_worker_left", worker=index, pid=pid, workers=index)
+
+    def _add(self, index: int) -> None:
+        began = time.perf_counter()
+        try:
+            self.group.grow(self.new_worker(index))
+            version = self._bring_up(index)
+        except Exception as err:  # noqa: BLE001 - the fleet keeps the size it has
+            with self._cond:
+                if len(self.group.pids) > index:  # started, but could not load the weights
+                    self.group.shrink()
+                del self._slots[index:]
+                self._target = len(self._slots)
+            self.emit("rollout_scale_failed", worker=index, error=f"{type(err).__name__}: {err}"[:300],
+                      workers=self._target)
+            return
+        self.emit("rollout_worker_joined", worker=index, pid=self.group.pids[index], replaced=None, version=version,
+                  seconds=time.perf_counter() - began, reason="scale", workers=index + 1)
 
     # ------------------------------------------------------------ the generator protocol
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int],
@@ -525,6 +642,7 @@ class RolloutFleet:
             polls = {id(t): self.group.submit_to(t.worker, "poll_stream", POLL_WAIT_S)
                      for t in running if not t.future.done()}
             for task in running:
+                finished = False
                 try:
                     if id(task) in polls and time.perf_counter() < task.started + self.timeout_s:
                         entries = polls[id(task)].result(timeout=self.timeout_s)
@@ -532,7 +650,7 @@ class RolloutFleet:
                         final = self._answer(task)
                         entries = final["entries"]
                         self._aborted(task, final, n, aborted_lengths)
-                        task.done = True
+                        finished = True
                 except Exception as err:  # noqa: BLE001 - died, hung or raised: _failed decides
                     self._failed(call, task, err)
                     continue
@@ -545,7 +663,7 @@ class RolloutFleet:
                         ready.append((step, group, mine))
                         rows_of[group] = mine
                         task.tokens += float(mine.lengths.sum())
-                if task.done:
+                if finished:
                     self._answered(task)
             # groups not handed over may still complete at any step until they are on a worker
             frontier = -math.inf if call.waiting else min((t.step for t in call.running()), default=math.inf)
@@ -582,9 +700,9 @@ class RolloutFleet:
             try:
                 final = task.future.result(timeout=max(0.0, task.started + self.timeout_s - time.perf_counter()))
             except Exception as err:  # noqa: BLE001 - its groups are aborted anyway
-                task.done = True
                 if isinstance(err, self.failures):
                     self._lost(task, err, 0)
+                self._free(task)
                 continue
             for step, local, rows in final["entries"]:
                 for i, g in enumerate(local):
@@ -638,7 +756,12 @@ class RolloutFleet:
 
     # ------------------------------------------------------------ per-worker figures
     def _zero_stats(self) -> list[dict[str, float]]:
-        return [{"groups": 0.0, "tokens": 0.0, "busy_s": 0.0} for _ in range(self.group.size)]
+        return [{"groups": 0.0, "tokens": 0.0, "busy_s": 0.0} for _ in range(len(self._slots))]
+
+    def _stat(self, worker: int) -> dict[str, float]:
+        while len(self._stats) <= worker:  # a worker added since the last take_stats
+            self._stats.append({"groups": 0.0, "tokens": 0.0, "busy_s": 0.0})
+        return self._stats[worker]
 
     @staticmethod
     def _aborted(task: _Task, final: dict, n: int, lengths: dict[int, list[int]]) -> None:
@@ -649,8 +772,9 @@ class RolloutFleet:
 
     def _account(self, task: _Task) -> None:
         """A task answered: its worker's busy seconds and tokens, and its speed for the
-        fail-slow detector (a replaced worker's record starts over)."""
-        s, task.seconds = self._stats[task.worker], time.perf_counter() - task.started
+        fail-slow detector (the record of a quarantined worker's replacement starts over; a
+        worker replaced after a death or hang keeps its index's record)."""
+        s, task.seconds = self._stat(task.worker), time.perf_counter() - task.started
         s["tokens"] += task.tokens
         s["busy_s"] += task.seconds
         if self.detector is not None:
@@ -663,17 +787,19 @@ class RolloutFleet:
     def take_stats(self) -> dict[str, float]:
         """``rollout/worker<i>/groups``, ``/tokens``, ``/busy_s`` since the last call, and
         ``rollout/live_workers`` now."""
-        out = {f"rollout/worker{i}/{k}": v for i, s in enumerate(self._stats) for k, v in s.items()}
-        out["rollout/live_workers"] = float(len(self.live()))
-        self._stats = self._zero_stats()
+        with self._cond:
+            out = {f"rollout/worker{i}/{k}": v for i, s in enumerate(self._stats) for k, v in s.items()}
+            out["rollout/live_workers"] = float(sum(s.state == "live" for s in self._slots))
+            self._stats = self._zero_stats()
         return out
 
     def close(self) -> None:
-        """Stop replacing workers (a replacement starting is waited for, up to
+        """Stop replacing and adding workers (one starting is waited for, up to
         :data:`CLOSE_WAIT_S`), then close the group."""
         with self._cond:
             self._closing = True
-            replacing = list(self._replacing)
+            replacing = [t for t in (*self._replacing, self._scaler) if t is not None]
+            self._cond.notify_all()
         for thread in replacing:
             thread.join(timeout=CLOSE_WAIT_S)
         self.group.close()

@@ -144,6 +144,11 @@ class RolloutProducer:
         """Every rollout worker loads its staged weights, which must be ``version``."""
         self.rollout.load_staged(version)
 
+    def resize(self, count: int) -> None:
+        """Thread-safe: the rollout fleet grows or shrinks to ``count`` workers (beside a running
+        collect; :meth:`~reasonrl.rollout.fleet.RolloutFleet.resize`)."""
+        self.rollout.resize(count)
+
     def state_dict(self) -> dict:
         """``sampler``, ``draws`` (prompts drawn so far: the next draw's index, hence its seed) and
         the reward worker's state. The rollout workers hold none: their weights are published
@@ -430,6 +435,14 @@ class AsyncSource:
             held.result(timeout=self.timeout_s)
             self.weight_sync_s = time.perf_counter() - began
         self._fill()
+
+    def resize(self, count: int) -> None:
+        """The rollout fleet grows or shrinks to ``count`` workers (it starts with the next
+        collect when the producer has not started yet)."""
+        if self.group is None:
+            self._start()
+        [done] = self.group.submit("resize", count)
+        done.result(timeout=self.timeout_s)
 
     def leftover(self) -> dict[str, list]:
         """Sampled and never trained (:meth:`GroupQueue.leftover`); collects still in flight

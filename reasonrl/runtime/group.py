@@ -34,7 +34,9 @@ class WorkerGroup(Protocol):
     arguments and returns their futures in worker order; ``submit_to`` calls one worker;
     ``call`` also waits for them. ``pids`` are the workers' process ids; ``restart(i)``
     replaces worker ``i`` by a new one built from the same arguments (its calls in flight
-    fail); ``kill`` ends every worker at once."""
+    fail); ``kill`` ends every worker at once. A group whose size can change (threads,
+    processes, Ray actors) also has ``grow(args)`` (one more worker, the next index) and
+    ``shrink()`` (the last one finishes its calls and goes)."""
 
     size: int
 
@@ -152,6 +154,7 @@ class ThreadGroup:
             raise ValueError(f"ThreadGroup {name}: expected at least one worker")
         self.name, self.size, self.timeout_s = name, len(args_per_worker), timeout_s
         self.concurrent = frozenset(concurrent)
+        self._factory = factory
         self._threads = [_Serial(f"reasonrl-{name}{i}") for i in range(self.size)]
         try:
             self.workers = gather([t.submit(factory, *args) for t, args in zip(self._threads, args_per_worker)],
@@ -178,6 +181,31 @@ class ThreadGroup:
 
     def restart(self, index: int) -> None:
         raise WorkerDied(f"{self.name}[{index}]: a worker thread in this process cannot be restarted")
+
+    def grow(self, args: tuple) -> None:
+        """One more worker, ``factory(*args)``, built and serving on a thread of its own, as index ``size``."""
+        thread = _Serial(f"reasonrl-{self.name}{self.size}")
+        try:
+            [worker] = gather([thread.submit(self._factory, *args)], self.timeout_s, f"{self.name}: building a worker")
+        except BaseException:
+            thread.stop()
+            raise
+        self._threads.append(thread)
+        self.workers.append(worker)
+        self.size += 1
+
+    def shrink(self, timeout_s: float = 10.0) -> None:
+        """Close the last worker on its thread after its running calls (waiting at most
+        ``timeout_s``) and drop it."""
+        if self.size <= 1:
+            raise ValueError(f"ThreadGroup {self.name}: cannot shrink below one worker")
+        thread, worker = self._threads.pop(), self.workers.pop()
+        self.size -= 1
+        try:
+            thread.submit(getattr(worker, "close", lambda: None)).result(timeout=timeout_s)
+        except FutureTimeout:
+            pass
+        thread.stop()
 
     def kill(self) -> None:
         raise WorkerDied(f"{self.name}: worker threads in this process cannot be killed")

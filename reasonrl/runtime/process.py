@@ -296,6 +296,27 @@ class ProcessGroup:
         old.conn.close()
         self._children[index] = self._start(index)
 
+    def grow(self, args: tuple) -> None:
+        """Start one more worker, ``factory(*args)``, as index ``size`` (within ``start_timeout_s``)."""
+        self._args.append(tuple(args))
+        try:
+            child = self._start(len(self._args) - 1)
+        except BaseException:
+            self._args.pop()
+            raise
+        self._children.append(child)
+        self.size += 1
+
+    def shrink(self, timeout_s: float = 10.0) -> None:
+        """Close the last worker (it finishes its running call, then ends; killed after
+        ``timeout_s``) and drop it."""
+        if self.size <= 1:
+            raise ValueError(f"ProcessGroup {self.name}: cannot shrink below one worker")
+        child = self._children.pop()
+        self._args.pop()
+        self.size -= 1
+        child.close(timeout_s)
+
     def kill(self) -> None:
         """SIGKILL every child (a hung one included) and reap it; pending calls fail with WorkerDied."""
         for child in self._children:

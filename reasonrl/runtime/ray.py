@@ -419,6 +419,44 @@ class RayGroup:
         self._actors[index] = _host_class().options(**self._options[index]).remote(self._factory, self._args[index])
         self._await_ready([index])
 
+    def grow(self, args: tuple) -> None:
+        """Start one more actor, ``factory(*args)``, as index ``size``, with the resources of
+        actor 0 but outside the run's reservation (Ray places it where they are free), within
+        ``start_timeout_s``."""
+        index = self.size
+        options = {k: v for k, v in self._options[0].items() if k != "scheduling_strategy"}
+        self._options.append(options)
+        self._args.append(tuple(args))
+        self._actors.append(_host_class().options(**options).remote(self._factory, self._args[index]))
+        self._pids.append(0)
+        self.size += 1
+        try:
+            self._await_ready([index])
+        except BaseException:
+            self._ray.kill(self._actors[index], no_restart=True)
+            for kept in (self._options, self._args, self._actors, self._pids):
+                kept.pop()
+            self.size -= 1
+            raise
+
+    def shrink(self, timeout_s: float = 10.0) -> None:
+        """Close the last actor (it finishes the calls sent before; killed after ``timeout_s``)
+        and drop it."""
+        if self.size <= 1:
+            raise ValueError(f"RayGroup {self.name}: cannot shrink below one worker")
+        index = self.size - 1
+        actor = self._actors[index]
+        closing = self._future(index, actor.close.remote())
+        for kept in (self._options, self._args, self._actors, self._pids):
+            kept.pop()
+        self.size -= 1
+        try:
+            gather([closing], timeout_s, f"{self.name}[{index}].close")
+        except (WorkerTimeout, WorkerDied):
+            pass
+        finally:
+            self._ray.kill(actor, no_restart=True)
+
     def kill(self) -> None:
         """Kill every actor at once (a hung one included); pending calls fail with WorkerDied."""
         for actor in self._actors:

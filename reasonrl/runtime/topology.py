@@ -175,6 +175,11 @@ class _Factory:
         return worker if self.wrap is None else self.wrap(worker, self.role, index)
 
 
+def worker_args(index: int, args: tuple) -> tuple:
+    """What a group of :func:`spawn`'s builds worker ``index`` from (its ``grow`` takes it too)."""
+    return (index, *args)
+
+
 def spawn(role: RolePlan, factory: Callable[..., Any], args_per_worker: list[tuple], *, concurrent: tuple[str, ...] = (),
           wrap: Callable[[Any, str, int], Any] | None = None, reservation=None):
     """A WorkerGroup of ``role.count`` workers, each ``factory(*args)`` (one ``args_per_worker``
@@ -184,7 +189,7 @@ def spawn(role: RolePlan, factory: Callable[..., Any], args_per_worker: list[tup
     if len(args_per_worker) != role.count:
         raise ValueError(f"spawn({role.role}): {len(args_per_worker)} argument tuples for {role.count} workers")
     build = _Factory(factory, wrap, role.role)
-    indexed = [(i, *a) for i, a in enumerate(args_per_worker)]
+    indexed = [worker_args(i, a) for i, a in enumerate(args_per_worker)]
     if role.where == "inline":
         return LocalGroup([build(*a) for a in indexed])
     if role.where == "thread":

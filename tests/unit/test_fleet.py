@@ -219,3 +219,38 @@ def test_weights_reach_every_worker_and_a_fleet_with_no_worker_left_fails(tmp_pa
         assert [k for k, _ in events] == ["rollout_worker_died", "rollout_worker_gone"]
     finally:
         f.close()
+
+
+def test_a_fleet_grows_with_the_current_weights_and_shrinks_after_its_running_groups():
+    events = []
+    group = processes((0.0,))
+    f = RolloutFleet(group, pad_id=0, streams=True, episodic=False, timeout_s=30, restarts=RestartPolicy(),
+                     group_retries=3, failures=(WorkerDied, WorkerTimeout),
+                     emit=lambda kind, **fields: events.append((kind, fields)), new_worker=lambda i: (0.001,))
+    try:
+        seeds = list(range(90, 96))
+        reference = fleet(LocalGroup([ScriptedRollouts()])).generate([[1, 2]] * 6, 2, PARAMS, seeds)
+        f.load_weights(WeightsUpdate(4, {}))
+        f.resize(3)
+        joins = joined(events, 2)
+        assert [(j["worker"], j["reason"], j["version"]) for j in joins] == [(1, "scale", 4), (2, "scale", 4)]
+        assert f.live() == [0, 1, 2] and group.size == 3 and len(set(group.pids)) == 3
+        batch = f.generate([[1, 2]] * 6, 2, PARAMS, seeds)
+        assert torch.equal(batch.response_ids, reference.response_ids)
+        assert bool((batch.versions[batch.response_mask > 0] == 4).all())  # the joiners sampled with version 4
+        stats = f.take_stats()
+        assert all(stats[f"rollout/worker{i}/groups"] > 0 for i in range(3))
+        leaving = group.pids[1:]
+        f.resize(1)
+        assert f.live() == [0]  # at once: the others take no new group
+        deadline = time.time() + 30
+        while group.size > 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert group.size == 1 and f.size == 1
+        assert sorted((fields["worker"], fields["pid"]) for k, fields in events if k == "rollout_worker_left") == [
+            (1, leaving[0]), (2, leaving[1])]
+        assert torch.equal(f.generate([[1, 2]] * 6, 2, PARAMS, seeds).response_ids, reference.response_ids)
+        with pytest.raises(ValueError, match="expected an integer >= 1"):
+            f.resize(0)
+    finally:
+        f.close()

@@ -1,0 +1,113 @@
+"""Scaling a run's workers while it runs: ``reasonrl scale RUN_DIR rollout=3``.
+
+    request_scale(run_dir, {"rollout": 3})   # checked against the run's config, kept in RUN_DIR/scale.json
+    cfg = scaled(cfg, run_dir)               # a (re)starting run takes the counts asked for
+    watch = ScaleWatch(run_dir); watch.poll()   # a running run: the counts asked for since, or {}
+
+The counts asked for are kept in ``RUN_DIR/scale.json`` (written atomically), so a run started
+again, by the supervisor or by hand, starts with them. A running run applies a rollout count
+between two steps (:meth:`~reasonrl.rollout.fleet.RolloutFleet.resize`); the reward and
+environment counts take effect when the run next starts. Every count stays within
+``runtime.roles.<role>.min`` and ``.max`` of the run's config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from reasonrl.config import Config, load
+from reasonrl.errors import InputError
+from reasonrl.metrics import write_atomic
+
+SCALE_FILE = "scale.json"
+
+LIVE = ("rollout",)
+"""Roles whose count a running run changes between two steps."""
+
+AT_START = ("reward", "env")
+"""Roles whose count takes effect when the run next starts."""
+
+
+def _path(run_dir: Path) -> Path:
+    return Path(run_dir) / SCALE_FILE
+
+
+def requested(run_dir: str | Path) -> dict[str, int]:
+    """The counts asked for so far ({} when none was)."""
+    path = _path(Path(run_dir))
+    if not path.is_file():
+        return {}
+    try:
+        counts = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise InputError(f"{path}: not a JSON object of role counts ({err}); remove it or run reasonrl scale again") from None
+    if not isinstance(counts, dict) or not all(isinstance(v, int) and k in (*LIVE, *AT_START) for k, v in counts.items()):
+        raise InputError(f"{path}: expected {{role: count}} with roles among {', '.join((*LIVE, *AT_START))}, got {counts!r}")
+    return counts
+
+
+def check_counts(cfg: Config, counts: dict[str, int], source: str) -> None:
+    """Each count of ``counts`` is a scalable role's, within ``runtime.roles.<role>.min`` and
+    ``.max`` (max 0: no bound); an InputError naming ``source`` and the key otherwise."""
+    for role, count in counts.items():
+        if role not in (*LIVE, *AT_START):
+            raise InputError(f"{source}: {role!r} cannot be scaled; the roles that can: {', '.join((*LIVE, *AT_START))}")
+        spec = getattr(cfg.runtime.roles, role)
+        least = max(spec.min, 1 if role == "rollout" else 0)
+        if type(count) is not int or count < least or (spec.max and count > spec.max):
+            bound = f"[{least}, {spec.max}]" if spec.max else f">= {least}"
+            raise InputError(f"{source}: {role}={count!r} is outside runtime.roles.{role}.min/.max: expected an integer "
+                             f"{bound}")
+
+
+def request_scale(run_dir: str | Path, counts: dict[str, int]) -> dict[str, int]:
+    """Check ``counts`` against the run's ``config.yaml`` and keep them (with the counts asked
+    for before) in ``scale.json``; the counts now asked for."""
+    run_dir = Path(run_dir)
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        raise InputError(f"{config}: no such file; is {run_dir} a run directory (run.dir) that has started?")
+    check_counts(load(config), counts, "reasonrl scale")
+    merged = {**requested(run_dir), **counts}
+    write_atomic(_path(run_dir), json.dumps(merged, sort_keys=True))
+    return merged
+
+
+def scaled(cfg: Config, run_dir: str | Path) -> Config:
+    """``cfg`` with the counts asked for in ``run_dir`` (a run that starts again keeps them)."""
+    counts = requested(run_dir)
+    if not counts:
+        return cfg
+    check_counts(cfg, counts, str(_path(Path(run_dir))))
+    roles = cfg.runtime.roles
+    roles = replace(roles, **{role: replace(getattr(roles, role), count=n) for role, n in counts.items()})
+    return replace(cfg, runtime=replace(cfg.runtime, roles=roles))
+
+
+class ScaleWatch:
+    """A running run's view of ``scale.json``: :meth:`poll` returns the live counts (rollout)
+    asked for since the last poll, {} when none changed; one ``stat`` a call otherwise."""
+
+    def __init__(self, run_dir: str | Path, cfg: Config) -> None:
+        self.path, self.cfg = _path(Path(run_dir)), cfg
+        self._stamp = self._mtime()
+        self._counts = {role: getattr(cfg.runtime.roles, role).count for role in LIVE}
+
+    def _mtime(self) -> int | None:
+        try:
+            return self.path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+
+    def poll(self) -> dict[str, int]:
+        stamp = self._mtime()
+        if stamp == self._stamp:
+            return {}
+        self._stamp = stamp
+        counts = requested(self.path.parent)
+        check_counts(self.cfg, counts, str(self.path))
+        changed = {role: n for role, n in counts.items() if role in LIVE and n != self._counts[role]}
+        self._counts.update(changed)
+        return changed

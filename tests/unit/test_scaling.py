@@ -1,0 +1,73 @@
+"""reasonrl scale: counts checked against the run's config and its min/max, kept in
+scale.json, taken by a run that starts again, and seen once by a running run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from reasonrl.cli import main
+from reasonrl.config import ConfigError, dump, load
+from reasonrl.errors import InputError
+from reasonrl.runtime.scaling import ScaleWatch, request_scale, requested, scaled
+
+
+def run_dir(tmp_path, *overrides):
+    cfg = load(None, [f"run.dir={tmp_path}", *overrides])
+    dump(cfg, tmp_path / "config.yaml")
+    return cfg
+
+
+def test_counts_are_kept_merged_and_a_restarted_run_takes_them(tmp_path, capsys):
+    cfg = run_dir(tmp_path, "runtime.roles.rollout.max=4")
+    assert requested(tmp_path) == {}
+    assert main(["scale", str(tmp_path), "rollout=3"]) == 0
+    assert "rollout: 3 workers, applied before its next step" in capsys.readouterr().out
+    assert request_scale(tmp_path, {"reward": 2}) == {"reward": 2, "rollout": 3}
+    assert json.loads((tmp_path / "scale.json").read_text()) == {"reward": 2, "rollout": 3}
+    again = scaled(cfg, tmp_path)
+    assert again.runtime.roles.rollout.count == 3 and again.runtime.roles.reward.count == 2
+    assert again.runtime.roles.rollout.max == 4 and scaled(cfg, tmp_path / "elsewhere") is cfg
+
+
+@pytest.mark.parametrize("counts, message", [
+    ({"rollout": 5}, "rollout=5 is outside runtime.roles.rollout.min/.max: expected an integer [1, 4]"),
+    ({"rollout": 0}, "rollout=0 is outside"),
+    ({"critic": 2}, "'critic' cannot be scaled"),
+])
+def test_a_count_outside_the_bounds_is_refused_and_nothing_is_written(tmp_path, counts, message):
+    run_dir(tmp_path, "runtime.roles.rollout.max=4")
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        request_scale(tmp_path, counts)
+    assert not (tmp_path / "scale.json").exists()
+
+
+def test_the_cli_names_a_malformed_count_and_a_directory_that_is_no_run(tmp_path, capsys):
+    run_dir(tmp_path)
+    assert main(["scale", str(tmp_path), "rollout:3"]) == 2
+    assert "'rollout:3' is not ROLE=N" in capsys.readouterr().err
+    assert main(["scale", str(tmp_path / "nothing"), "rollout=2"]) == 2
+    assert "config.yaml: no such file" in capsys.readouterr().err
+
+
+def test_a_running_run_sees_each_new_rollout_count_once(tmp_path):
+    cfg = run_dir(tmp_path)
+    watch = ScaleWatch(tmp_path, cfg)
+    assert watch.poll() == {}
+    request_scale(tmp_path, {"rollout": 3})
+    assert watch.poll() == {"rollout": 3} and watch.poll() == {}
+    request_scale(tmp_path, {"reward": 2})  # a reward count waits for the next start
+    os.utime(tmp_path / "scale.json", ns=(1, 1))
+    assert watch.poll() == {}
+    request_scale(tmp_path, {"rollout": 1})
+    assert watch.poll() == {"rollout": 1}
+
+
+def test_the_config_keeps_counts_within_min_and_max():
+    with pytest.raises(ConfigError, match=r"runtime.roles.rollout.count = 5: must be within runtime.roles.rollout.min=1 "
+                                          r"and runtime.roles.rollout.max=4"):
+        load(None, ["runtime.roles.rollout.count=5", "runtime.roles.rollout.max=4", "runtime.roles.rollout.min=1"])
+    with pytest.raises(ConfigError, match=r"runtime.roles.reward.max = 1: must be 0 \(no bound\) or >= runtime.roles.reward.min"):
+        load(None, ["runtime.roles.reward.min=2", "runtime.roles.reward.max=1"])

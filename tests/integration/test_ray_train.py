@@ -101,7 +101,6 @@ def test_a_cluster_that_does_not_answer_is_an_input_error_with_no_restart(model_
     with socket.socket() as probe:  # a loopback port nothing listens on
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
-    began = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, tmp_path / "run", 2),
                            "runtime.engine=ray", f"runtime.ray_address={address}",
                            "runtime.ray_join_timeout_s=5"],

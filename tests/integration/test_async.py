@@ -111,8 +111,8 @@ def test_partial_rollouts_keep_the_bound(model_dir, tmp_path):
     assert all(0 <= r["rollout/partial_samples"] <= 8 for r in rows)  # samples whose tokens span two versions
 
 
-def _run_async(tmp_path, model_dir, steps, *extra) -> subprocess.Popen:
-    args = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", "--no-supervisor",
+def _run_async(tmp_path, model_dir, steps, *extra, supervised: bool = False) -> subprocess.Popen:
+    args = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *([] if supervised else ["--no-supervisor"]),
             *overrides(model_dir, tmp_path, steps, "rollout.mode=async", "rollout.max_staleness=1", "algo.off_policy=tis",
                        "eval.every_steps=0", *extra)]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -230,21 +230,25 @@ def _assert_every_prompt_used_once(run_dir):
 
 
 @pytest.mark.slow
-def test_an_async_run_killed_and_resumed_uses_every_prompt_exactly_once(model_dir, tmp_path):
-    first = _run_async(tmp_path, model_dir, 16, "checkpoint.every_steps=3")
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_an_async_run_killed_in_generation_in_the_update_and_during_a_scale_change_loses_no_sample(
+        model_dir, tmp_path, staleness):
+    faults = "faults=[sigkill@3:stage=gen,sigkill@5:stage=update_actor]"  # with groups queued at staleness > 0
+    proc = _run_async(tmp_path, model_dir, 12, "checkpoint.every_steps=2", f"rollout.max_staleness={staleness}",
+                      "resilience.backoff_s=0.05", faults, supervised=True)
     try:
-        _rollout_pids(tmp_path, after_steps=7)
-        first.kill()  # SIGKILL: the rollout process goes with it (its pipe closes)
-        first.communicate(timeout=60)
+        _wait_for(lambda: _steps_done(tmp_path) >= 7, 240, "7 steps")
+        trainer = [e["pid"] for e in _events(tmp_path) if e["kind"] == "start"][-1]
+        _scale(tmp_path, 2)
+        os.kill(trainer, signal.SIGKILL)  # while the fleet grows, or just before
+        out, err = proc.communicate(timeout=300)
     finally:
-        first.kill()
-    steps_before = len(read_jsonl(tmp_path / "metrics.jsonl"))
-    second = _run_async(tmp_path, model_dir, 16, "checkpoint.every_steps=3")
-    out, err = second.communicate(timeout=240)
-    assert second.returncode == 0, err[-3000:]
-    resumed = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "resume" and e["path"]]
-    assert resumed and 0 < resumed[-1]["from_step"] <= steps_before
-    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 17))
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    events = read_jsonl(tmp_path / "events.jsonl")
+    assert [e["kind"] for e in events].count("killed") == 3
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 13))
+    assert any(e["kind"] == "rollout_started" and len(e["pids"]) == 2 for e in events)  # the restart kept the count
     _assert_every_prompt_used_once(tmp_path)
 
 

@@ -42,7 +42,7 @@ from reasonrl.resilience.injection import FaultyHeartbeat, checkpoint_writer
 from reasonrl.resilience.rundir import RunLock, check_run_dir
 from reasonrl.rollout.agent_loop import AgentLoop
 from reasonrl.runtime import WorkerTimeout
-from reasonrl.runtime.scaling import ScaleWatch, scaled
+from reasonrl.runtime.scaling import IdleRule, ScaleWatch, request_scale, scaled
 from reasonrl.runtime.topology import Topology, plan
 from reasonrl.samples import sample_records
 from reasonrl.train.update import sampler_gap
@@ -348,7 +348,7 @@ class Controller:
         self.events.emit("start", self.step_count, resumed=resumed, pid=os.getpid())
         step_s = step_seconds(read_jsonl(self.run_dir / "metrics.jsonl"))
         stop = _StopFlag()
-        scale = ScaleWatch(self.run_dir, cfg)
+        scale, idle_rule = ScaleWatch(self.run_dir, cfg), IdleRule(cfg)
         start = last_checkpoint = time.time()
         last: dict[str, float] = {}
         self.watchdog, self.heartbeat = self._heartbeat()
@@ -359,13 +359,16 @@ class Controller:
                 sink.log(0, {**last, **t, "time": time.time() - start})
                 self.keep_samples(0, sink, samples, [], self.val_samples)
             while self.step_count < cfg.train.total_steps and not stop.signum:
-                self.rescale(scale.poll())
+                self.rescale(scale.poll(), idle_rule)
                 metrics = self.step()
                 every = cfg.eval.every_steps
                 if every and (self.step_count % every == 0 or self.step_count == cfg.train.total_steps):
                     with self.stage(metrics, "testing"):
                         metrics.update(self.validate())
                 step_s[self.step_count] = metrics["timing_s/step"]
+                wanted = idle_rule.observe(metrics.get("timing_s/trainer_idle", 0.0), metrics["timing_s/step"])
+                if wanted is not None:  # through scale.json, as reasonrl scale: a restart keeps it
+                    request_scale(self.run_dir, {"rollout": wanted})
                 metrics["time"] = time.time() - start
                 metrics.update(self.effective_time(step_s))
                 sink.log(self.step_count, metrics)
@@ -398,11 +401,12 @@ class Controller:
             self.rank0.export(self.run_dir / "final")  # in this process: the groups are closed by now
         return last
 
-    def rescale(self, counts: dict[str, int]) -> None:
-        """Apply the rollout count ``reasonrl scale`` asked for, before the next step (a
-        ``rollout_scaled`` event at that step; the fleet grows or shrinks beside the steps)."""
+    def rescale(self, counts: dict[str, int], rule: IdleRule) -> None:
+        """Apply the rollout count ``reasonrl scale`` (or ``rule``) asked for, before the next
+        step (a ``rollout_scaled`` event at that step; the fleet grows or shrinks beside the steps)."""
         if "rollout" in counts:
             self.source.resize(counts["rollout"])
+            rule.scaled_to(counts["rollout"])
             self.events.emit("rollout_scaled", self.step_count + 1, workers=counts["rollout"])
 
     def keep_samples(self, step: int, sink: MetricsSink, samples: StepLog | None, train: list[dict], val: list[dict]) -> None:

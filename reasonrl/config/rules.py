@@ -104,6 +104,8 @@ def _check_roles(cfg: Config) -> None:
         _require(spec.min >= 0, f"{key}.min", spec.min, "must be >= 0")
         _require(spec.max == 0 or spec.max >= max(spec.min, 1), f"{key}.max", spec.max,
                  f"must be 0 (no bound) or >= {key}.min and >= 1")
+        if name == "rollout" and spec.scale_up_idle:
+            _require(spec.max > 0, f"{key}.max", spec.max, f"must be set (> 0) when {key}.scale_up_idle adds workers")
         if least is not None:
             _require(spec.count >= spec.min and (spec.max == 0 or spec.count <= spec.max), f"{key}.count", spec.count,
                      f"must be within {key}.min={spec.min} and {key}.max={spec.max or 'unbounded'}")
@@ -220,6 +222,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.group_retries": _NON_NEGATIVE,
     "runtime.roles.rollout.quarantine_ratio": (lambda v: v == 0 or v > 1, "0 (off) or > 1"),
     "runtime.roles.rollout.quarantine_steps": _AT_LEAST_1,
+    "runtime.roles.rollout.scale_up_idle": (lambda v: 0 <= v < 1, "in [0, 1) (a share of the step time; 0: off)"),
+    "runtime.roles.rollout.scale_up_steps": _AT_LEAST_1,
     "env.max_turns": _AT_LEAST_1,
     "env.max_tokens": _AT_LEAST_1,
     "env.gamma": _UNIT,

@@ -513,6 +513,13 @@ class RolloutRoleConfig(RoleConfig):
     the groups (resilience.slow_ratio)."""
     quarantine_steps: int = 3
     """Steps in a row a rollout worker must be past quarantine_ratio before it is quarantined."""
+    scale_up_idle: float = 0.0
+    """Add a rollout worker (as reasonrl scale would, up to runtime.roles.rollout.max, which must
+    then be set) when the trainer's idle share of the step time (timing_s/trainer_idle over
+    timing_s/step), averaged over the last scale_up_steps steps, is above this; then wait
+    scale_up_steps steps before the next decision. 0: off."""
+    scale_up_steps: int = 5
+    """The steps scale_up_idle averages over, and waits after each added worker."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
     request_scale(run_dir, {"rollout": 3})   # checked against the run's config, kept in RUN_DIR/scale.json
     cfg = scaled(cfg, run_dir)               # a (re)starting run takes the counts asked for
     watch = ScaleWatch(run_dir); watch.poll()   # a running run: the counts asked for since, or {}
+    rule = IdleRule(cfg); rule.observe(idle_s, step_s)  # runtime.roles.rollout.scale_up_idle: a count, or None
 
 The counts asked for are kept in ``RUN_DIR/scale.json`` (written atomically), so a run started
 again, by the supervisor or by hand, starts with them. A running run applies a rollout count
@@ -111,3 +112,34 @@ class ScaleWatch:
         changed = {role: n for role, n in counts.items() if role in LIVE and n != self._counts[role]}
         self._counts.update(changed)
         return changed
+
+
+class IdleRule:
+    """``runtime.roles.rollout.scale_up_idle``: one more rollout worker when the trainer waits.
+
+    After each step, ``observe(idle_s, step_s)`` records the trainer's idle share ``idle_s /
+    step_s``; when the mean of the last K (``scale_up_steps``) shares is above ``scale_up_idle``
+    and the fleet is below ``max``, it returns the count one higher (to ask for through
+    :func:`request_scale`, so a restart keeps it) and then waits K steps before deciding again.
+    None otherwise, and always when the rule is off.
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        spec = cfg.runtime.roles.rollout
+        self.threshold, self.steps, self.most = spec.scale_up_idle, spec.scale_up_steps, spec.max
+        self.count = spec.count
+        self._shares: list[float] = []
+
+    def observe(self, idle_s: float, step_s: float) -> int | None:
+        if not self.threshold or step_s <= 0:
+            return None
+        self._shares = [*self._shares, idle_s / step_s][-self.steps:]
+        if len(self._shares) < self.steps or sum(self._shares) / self.steps <= self.threshold or self.count >= self.most:
+            return None
+        self.count += 1
+        self._shares = []
+        return self.count
+
+    def scaled_to(self, count: int) -> None:
+        """A count asked for by hand (reasonrl scale): the rule counts from it, on fresh history."""
+        self.count, self._shares = count, []

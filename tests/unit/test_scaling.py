@@ -71,3 +71,19 @@ def test_the_config_keeps_counts_within_min_and_max():
         load(None, ["runtime.roles.rollout.count=5", "runtime.roles.rollout.max=4", "runtime.roles.rollout.min=1"])
     with pytest.raises(ConfigError, match=r"runtime.roles.reward.max = 1: must be 0 \(no bound\) or >= runtime.roles.reward.min"):
         load(None, ["runtime.roles.reward.min=2", "runtime.roles.reward.max=1"])
+
+
+def test_the_idle_rule_adds_a_worker_when_the_trainer_waits_and_then_waits_itself():
+    from reasonrl.runtime.scaling import IdleRule
+
+    rule = IdleRule(load(None, ["runtime.roles.rollout.scale_up_idle=0.3", "runtime.roles.rollout.scale_up_steps=3",
+                                "runtime.roles.rollout.max=3"]))
+    # idle shares 0.5, 0.2, 0.4: mean 0.367 > 0.3 at the third step
+    assert [rule.observe(i, 1.0) for i in (0.5, 0.2, 0.4)] == [None, None, 2]
+    assert [rule.observe(0.9, 1.0) for _ in range(3)] == [None, None, 3]  # K steps of history again first
+    assert [rule.observe(0.9, 1.0) for _ in range(3)] == [None, None, None]  # at max
+    rule.scaled_to(1)
+    assert [rule.observe(0.1, 1.0) for _ in range(3)] == [None, None, None]  # mean 0.1: not waiting enough
+    assert IdleRule(load(None)).observe(1.0, 1.0) is None  # off by default
+    with pytest.raises(ConfigError, match=r"runtime.roles.rollout.max = 0: must be set \(> 0\) when"):
+        load(None, ["runtime.roles.rollout.scale_up_idle=0.3"])

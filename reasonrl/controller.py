@@ -408,6 +408,12 @@ class Controller:
             self.source.resize(counts["rollout"])
             rule.scaled_to(counts["rollout"])
             self.events.emit("rollout_scaled", self.step_count + 1, workers=counts["rollout"])
+        if "reward" in counts:
+            live = counts["reward"] >= 1 and self.cfg.runtime.roles.reward.count >= 1
+            if live:
+                self.source.resize_reward(counts["reward"])
+            self.events.emit("reward_scaled" if live else "scale_deferred", self.step_count + 1, role="reward",
+                             workers=counts["reward"])
 
     def keep_samples(self, step: int, sink: MetricsSink, samples: StepLog | None, train: list[dict], val: list[dict]) -> None:
         """Write the step's sample records to samples.jsonl (run.keep_samples training ones,

@@ -76,6 +76,19 @@ class RewardPool:
             results = [self._grader.grade(text, truth, row) for text, truth, row in zip(texts, ground_truths, rows)]
         return self._collect(results)
 
+    def resize(self, count: int) -> None:
+        """Grade with ``count`` workers from the next batch on (between batches; a pool
+        grading in this process has none to resize)."""
+        if self._pool is None:
+            raise ValueError("RewardPool.resize: this pool grades in its own process (runtime.roles.reward.count=0); "
+                             "a count of workers takes effect when the run next starts")
+        if type(count) is not int or count < 1:
+            raise ValueError(f"RewardPool.resize: count = {count!r}, expected an integer >= 1")
+        while self._pool.size < count:
+            self._pool.grow((self.reward,))
+        while self._pool.size > count:
+            self._pool.shrink()
+
     def close(self) -> None:
         """Stop the workers (idempotent)."""
         pool, self._pool = self._pool, None

@@ -374,6 +374,8 @@ class RolloutFleet:
         replacement, unless another failure already took it out of service."""
         hung = isinstance(error, (TimeoutError, FutureTimeout))
         with self._cond:
+            if task.worker >= len(self._slots):  # removed by a resize meanwhile
+                return
             slot = self._slots[task.worker]
             if slot.state != "live" or self.group.pids[task.worker] != task.pid:
                 return
@@ -388,9 +390,9 @@ class RolloutFleet:
     def _quarantine(self, worker: int, reason: str, **fields: Any) -> None:
         """Take a live worker out of service (``rollout_worker_quarantined``) and replace it."""
         with self._cond:
-            slot = self._slots[worker]
-            if slot.state != "live":
+            if worker >= len(self._slots) or self._slots[worker].state != "live":
                 return
+            slot = self._slots[worker]
             slot.state, slot.fresh = "joining", True
             pid = self.group.pids[worker]
         self.emit("rollout_worker_quarantined", worker=worker, pid=pid, reason=reason, **fields)
@@ -428,19 +430,18 @@ class RolloutFleet:
             try:
                 self.group.restart(worker)
                 slot.restarted_at = time.monotonic()
-                version = self._bring_up(worker)
+                self._bring_up(worker, began, replaced=old_pid, restarts=attempt)
                 break
             except Exception as err:  # noqa: BLE001 - the next attempt, or give up
                 slot.restarted_at, why = time.monotonic(), f"{type(err).__name__}: {err}"
         with self._cond:
             self.replacements += 1
-        self.emit("rollout_worker_joined", worker=worker, pid=self.group.pids[worker], replaced=old_pid,
-                  version=version, seconds=time.perf_counter() - began, restarts=slot.in_a_row)
 
-    def _bring_up(self, worker: int) -> int | None:
-        """Load the current and staged weights into a restarted worker and put it in service
-        once they are still the current ones (a delivery meanwhile goes round again); the
-        version it serves."""
+    def _bring_up(self, worker: int, began: float, **fields: Any) -> None:
+        """Load the current and staged weights into a started worker and put it in service
+        once they are still the current ones (a delivery meanwhile goes round again), with a
+        ``rollout_worker_joined`` event written in the same instant: its ``version`` is the one
+        every worker serves then, ``seconds`` since ``began``, and ``fields``."""
         while True:
             with self._cond:
                 current, staged = self.current, self.staged
@@ -453,8 +454,11 @@ class RolloutFleet:
                     slot = self._slots[worker]
                     slot.state = "leaving" if slot.leave else "live"
                     slot.raised_in_a_row = slot.slow_steps = 0
+                    self.emit("rollout_worker_joined", worker=worker, pid=self.group.pids[worker],
+                              version=None if current is None else current.version,
+                              seconds=time.perf_counter() - began, **fields)
                     self._cond.notify_all()
-                    return None if current is None else current.version
+                    return
 
     def _answered(self, task: _Task) -> None:
         """A task answered: its worker's restarts and raises in a row start again, and its
@@ -486,7 +490,10 @@ class RolloutFleet:
         for w, s in speed.items():
             others = statistics.median(v for u, v in speed.items() if u != w)
             ratio = s / others
-            slot = self._slots[w]
+            with self._cond:
+                if w >= len(self._slots):  # removed by a resize since
+                    continue
+                slot = self._slots[w]
             if ratio <= self.quarantine_ratio or spent[w][0] - others * spent[w][1] < self.quarantine_min_s:
                 slot.slow_steps = 0
                 continue
@@ -545,16 +552,12 @@ class RolloutFleet:
 
     def _rejoin_kept(self, index: int) -> None:
         """A leaving worker asked back: the current weights, then service again."""
-        began = time.perf_counter()
         try:
-            version = self._bring_up(index)
+            self._bring_up(index, time.perf_counter(), replaced=None, reason="scale", workers=index + 1)
         except self.failures as err:  # dead or hung meanwhile: replaced as any other
             with self._cond:
                 self._slots[index].state = "live"
             self._lost(_Task(index, [], Future(), self.group.pids[index]), err, 0)
-            return
-        self.emit("rollout_worker_joined", worker=index, pid=self.group.pids[index], replaced=None, version=version,
-                  seconds=time.perf_counter() - began, reason="scale", workers=index + 1)
 
     def _scale(self) -> None:
         """The scaler's thread: one worker at a time, add (the next index) or remove (the last,
@@ -583,10 +586,12 @@ class RolloutFleet:
                 self.emit("rollout_worker_left", worker=index, pid=pid, workers=index)
 
     def _add(self, index: int) -> None:
+        """Start worker ``index`` and bring it up; on failure the fleet keeps the size it has
+        (``rollout_scale_failed``)."""
         began = time.perf_counter()
         try:
             self.group.grow(self.new_worker(index))
-            version = self._bring_up(index)
+            self._bring_up(index, began, replaced=None, reason="scale", workers=index + 1)
         except Exception as err:  # noqa: BLE001 - the fleet keeps the size it has
             with self._cond:
                 if len(self.group.pids) > index:  # started, but could not load the weights
@@ -595,9 +600,6 @@ class RolloutFleet:
                 self._target = len(self._slots)
             self.emit("rollout_scale_failed", worker=index, error=f"{type(err).__name__}: {err}"[:300],
                       workers=self._target)
-            return
-        self.emit("rollout_worker_joined", worker=index, pid=self.group.pids[index], replaced=None, version=version,
-                  seconds=time.perf_counter() - began, reason="scale", workers=index + 1)
 
     # ------------------------------------------------------------ the generator protocol
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int],
@@ -778,7 +780,8 @@ class RolloutFleet:
         s["tokens"] += task.tokens
         s["busy_s"] += task.seconds
         if self.detector is not None:
-            slot = self._slots[task.worker]
+            with self._cond:
+                slot = self._slots[task.worker] if task.worker < len(self._slots) else _Slot()
             if slot.fresh:
                 self.detector.forget("gen", task.worker)
                 slot.fresh = False

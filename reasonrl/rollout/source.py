@@ -149,6 +149,11 @@ class RolloutProducer:
         collect; :meth:`~reasonrl.rollout.fleet.RolloutFleet.resize`)."""
         self.rollout.resize(count)
 
+    def resize_reward(self, count: int) -> None:
+        """Grade with ``count`` reward workers from the next collect on (run between collects,
+        on the producer's thread)."""
+        self.reward.resize(count)
+
     def state_dict(self) -> dict:
         """``sampler``, ``draws`` (prompts drawn so far: the next draw's index, hence its seed) and
         the reward worker's state. The rollout workers hold none: their weights are published
@@ -443,6 +448,14 @@ class AsyncSource:
             self._start()
         [done] = self.group.submit("resize", count)
         done.result(timeout=self.timeout_s)
+
+    def resize_reward(self, count: int) -> None:
+        """The producer grades with ``count`` reward workers from its next collect on (the
+        change waits for the collects in flight: the pool is resized between two of them)."""
+        if self.group is None:
+            self._start()
+        [done] = self.group.submit("resize_reward", count)
+        done.result(timeout=self.timeout_s * (1 + len(self.outstanding)))
 
     def leftover(self) -> dict[str, list]:
         """Sampled and never trained (:meth:`GroupQueue.leftover`); collects still in flight

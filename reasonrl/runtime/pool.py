@@ -121,6 +121,24 @@ class WorkerPool:
         wait([c.future for i in running for c in self._calls[i]], max(0.0, due - time.monotonic()), FIRST_COMPLETED)
         return [done for i in running for done in self._settle(i)]
 
+    def grow(self, args: tuple) -> None:
+        """One more worker, built from ``args`` (as the group's others), as index ``size``."""
+        self.group.grow(args)
+        self._calls.append(deque())
+        self._free_since.append(time.monotonic())
+        self._in_a_row.append(0)
+        self._restarted_at.append(-float("inf"))
+        self.size += 1
+
+    def shrink(self) -> None:
+        """Close the last worker, which must have no call in flight (grow and shrink between batches)."""
+        if self._calls[-1]:
+            raise RuntimeError(f"WorkerPool {self.role}: cannot remove worker {self.size - 1} with calls in flight")
+        self.group.shrink()
+        for kept in (self._calls, self._free_since, self._in_a_row, self._restarted_at):
+            kept.pop()
+        self.size -= 1
+
     def close(self) -> None:
         """Close the group: each worker finishes its running call and closes, then ends."""
         self.group.close()

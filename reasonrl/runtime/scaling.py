@@ -7,8 +7,10 @@
 
 The counts asked for are kept in ``RUN_DIR/scale.json`` (written atomically), so a run started
 again, by the supervisor or by hand, starts with them. A running run applies a rollout count
-between two steps (:meth:`~reasonrl.rollout.fleet.RolloutFleet.resize`); the reward and
-environment counts take effect when the run next starts. Every count stays within
+between two steps (:meth:`~reasonrl.rollout.fleet.RolloutFleet.resize`), a reward count too when
+the run grades in worker processes and the count stays >= 1 (the graders of training samples;
+validation keeps its own); the environment counts, and a reward count to or from 0, take effect
+when the run next starts. Every count stays within
 ``runtime.roles.<role>.min`` and ``.max`` of the run's config.
 """
 
@@ -24,10 +26,11 @@ from reasonrl.metrics import write_atomic
 
 SCALE_FILE = "scale.json"
 
-LIVE = ("rollout",)
-"""Roles whose count a running run changes between two steps."""
+LIVE = ("rollout", "reward")
+"""Roles whose count a running run changes between two steps (reward: the producer's graders,
+from one count >= 1 to another)."""
 
-AT_START = ("reward", "env")
+AT_START = ("env",)
 """Roles whose count takes effect when the run next starts."""
 
 

@@ -62,6 +62,10 @@ class RewardWorker:
         return ScoredBatch(rollout, prompts, texts, scores.to(device), grades.acc.to(device), grades.failed.to(device),
                            grades.errors, grades.preds, extras)
 
+    def resize(self, count: int) -> None:
+        """Grade with ``count`` reward workers from the next batch on (:meth:`RewardPool.resize`)."""
+        self.pool.resize(count)
+
     def state_dict(self) -> dict:
         """``consecutive_failures``: failed samples in a row so far (the limit spans steps)."""
         return {"consecutive_failures": self.pool.consecutive_failures}

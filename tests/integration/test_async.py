@@ -180,7 +180,7 @@ def test_a_rollout_worker_killed_three_times_costs_no_sample_and_no_partial_grou
         out, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, _tail(err)
     events = read_jsonl(tmp_path / "events.jsonl")
     deaths = [e for e in events if e["kind"] == "rollout_worker_died"]
     assert [(e["worker"], e["pid"]) for e in deaths] == [(1, pid) for pid in killed]
@@ -209,7 +209,7 @@ def test_a_stopped_worker_is_hung_within_its_timeout_and_a_slowed_one_is_quarant
         out, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, _tail(err)
     assert quarantined[0]["ratio"] > 3 and quarantined[0]["steps"] == 2
     assert hung[0]["worker"] == 0 and hung[0]["pid"] == pids[0] and "timeout_s" in hung[0]["error"]
     assert detected_in < 3 + 30  # the timeout, and the step it was detected in
@@ -244,7 +244,7 @@ def test_an_async_run_killed_in_generation_in_the_update_and_during_a_scale_chan
         out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, _tail(err)
     events = read_jsonl(tmp_path / "events.jsonl")
     assert [e["kind"] for e in events].count("killed") == 3
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 13))
@@ -252,10 +252,15 @@ def test_an_async_run_killed_in_generation_in_the_update_and_during_a_scale_chan
     _assert_every_prompt_used_once(tmp_path)
 
 
-def _scale(run_dir, count: int) -> None:
+def _tail(err: str) -> str:
+    """The end of a run's stderr without the progress bars of weight loading."""
+    return "\n".join(line for line in err.splitlines() if line.strip() and "Loading weights" not in line)[-3000:]
+
+
+def _scale(run_dir, count: int, *more: str) -> None:
     from reasonrl.cli import main
 
-    assert main(["scale", str(run_dir), f"rollout={count}"]) == 0
+    assert main(["scale", str(run_dir), f"rollout={count}", *more]) == 0
 
 
 def _steps_done(run_dir) -> int:
@@ -264,20 +269,21 @@ def _steps_done(run_dir) -> int:
 
 @pytest.mark.slow
 def test_reasonrl_scale_grows_an_async_fleet_to_three_and_back_to_one_and_loses_no_sample(model_dir, tmp_path):
-    proc = _run_async(tmp_path, model_dir, 14, "runtime.roles.rollout.max=3")
+    proc = _run_async(tmp_path, model_dir, 14, "runtime.roles.rollout.max=3", "runtime.roles.reward.count=1")
     try:
         _wait_for(lambda: _steps_done(tmp_path) >= 3, 120, "3 steps")
-        _scale(tmp_path, 3)
+        _scale(tmp_path, 3, "reward=2")
         joins = _joined(tmp_path, 2)
         _wait_for(lambda: _steps_done(tmp_path) >= 9, 120, "9 steps")
         _scale(tmp_path, 1)
         out, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, _tail(err)
     events = read_jsonl(tmp_path / "events.jsonl")
     scaled = [(e["workers"], e["step"]) for e in events if e["kind"] == "rollout_scaled"]
     assert [w for w, _ in scaled] == [3, 1] and 4 <= scaled[0][1] < scaled[1][1]
+    assert [(e["workers"], e["step"]) for e in events if e["kind"] == "reward_scaled"] == [(2, scaled[0][1])]
     assert sorted(j["worker"] for j in joins[:2]) == [1, 2] and all(j["reason"] == "scale" for j in joins[:2])
     for j in joins[:2]:  # it serves the weights current when it joined: the version of the steps done (one
         assert j["step"] - 1 <= j["version"] <= j["step"], j  # fewer while the step's update is being published
@@ -308,7 +314,7 @@ def test_a_lockstep_run_killed_at_several_points_and_rescaled_ends_bit_identical
         out, err = proc.communicate(timeout=400)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, _tail(err)
     events = read_jsonl(faulty / "events.jsonl")
     kinds = [e["kind"] for e in events]
     assert kinds.count("killed") == 2 and kinds.count("recovered") == 2

@@ -101,6 +101,23 @@ def test_no_worker_process_outlives_close(flaky):
     assert not any(alive(pid) for pid in started + replaced)  # killed workers were reaped too: no zombies
 
 
+def test_a_pool_resized_between_batches_grades_with_its_new_workers_and_the_removed_ones_end(flaky):
+    expected = score_batch(load_reward_fn(flaky), TEXTS, TRUTHS)
+    with RewardPool(flaky, workers(1)) as pool:
+        first = pool.pids
+        pool.resize(3)
+        grown = pool.pids
+        assert len(grown) == 3 and grown[0] == first[0] and all(alive(pid) for pid in grown)
+        assert_same(pool.score(TEXTS, TRUTHS), expected)
+        pool.resize(1)
+        assert pool.pids == first and not any(alive(pid) for pid in grown[1:])
+        assert_same(pool.score(TEXTS, TRUTHS), expected)
+        with pytest.raises(ValueError, match="expected an integer >= 1"):
+            pool.resize(0)
+    with RewardPool(flaky) as inline, pytest.raises(ValueError, match="grades in its own process"):
+        inline.resize(2)
+
+
 def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match="nope"):
         RewardPool("nope")

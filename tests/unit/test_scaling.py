@@ -27,6 +27,8 @@ def test_counts_are_kept_merged_and_a_restarted_run_takes_them(tmp_path, capsys)
     assert "rollout: 3 workers, applied before its next step" in capsys.readouterr().out
     assert request_scale(tmp_path, {"reward": 2}) == {"reward": 2, "rollout": 3}
     assert json.loads((tmp_path / "scale.json").read_text()) == {"reward": 2, "rollout": 3}
+    assert main(["scale", str(tmp_path), "env=2"]) == 0
+    assert "env: 2 workers, applied when it next starts" in capsys.readouterr().out
     again = scaled(cfg, tmp_path)
     assert again.runtime.roles.rollout.count == 3 and again.runtime.roles.reward.count == 2
     assert again.runtime.roles.rollout.max == 4 and scaled(cfg, tmp_path / "elsewhere") is cfg
@@ -58,9 +60,11 @@ def test_a_running_run_sees_each_new_rollout_count_once(tmp_path):
     assert watch.poll() == {}
     request_scale(tmp_path, {"rollout": 3})
     assert watch.poll() == {"rollout": 3} and watch.poll() == {}
-    request_scale(tmp_path, {"reward": 2})  # a reward count waits for the next start
+    request_scale(tmp_path, {"env": 2})  # an environment count waits for the next start
     os.utime(tmp_path / "scale.json", ns=(1, 1))
     assert watch.poll() == {}
+    request_scale(tmp_path, {"reward": 2})
+    assert watch.poll() == {"reward": 2}
     request_scale(tmp_path, {"rollout": 1})
     assert watch.poll() == {"rollout": 1}
 

@@ -31,6 +31,7 @@ from reasonrl.resilience.injection import FaultyPolicy, FaultyRewards, WorkerFau
 from reasonrl.restarts import RestartPolicy
 from reasonrl.rollout.fleet import FLEET_CONCURRENT, RolloutFleet
 from reasonrl.rollout.source import AsyncSource, RolloutProducer
+from reasonrl.rollout.weight_sync import WeightSender, sync_dtype
 from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
 from reasonrl.runtime.group import ThreadGroup
 from reasonrl.runtime.topology import Topology, pool_start, rank_threads, spawn, worker_args
@@ -150,6 +151,7 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
                         reservation=reservation)
         try:
             probe = workers.submit_to(0, "capabilities").result(timeout=role.timeout_s)
+            sender = None if role.where == "thread" else WeightSender(sync_dtype(cfg))  # threads share the module
             fleet = RolloutFleet(workers, pad_id=pad_id, streams=probe["streams"], episodic=probe["episodic"],
                                  timeout_s=role.timeout_s, restarts=RestartPolicy(budget=cfg.resilience.rollout_restarts),
                                  group_retries=cfg.rollout.group_retries, failures=(WorkerDied, WorkerTimeout),
@@ -157,7 +159,7 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
                                  quarantine_steps=rollout_role.quarantine_steps,
                                  quarantine_min_s=cfg.resilience.slow_min_s,
                                  detector=run.slow, clock=run.clock, emit=run.emit,
-                                 new_worker=lambda i: worker_args(i, one))
+                                 new_worker=lambda i: worker_args(i, one), sender=sender)
             reward = RewardWorker(cfg, model_dir, pool_start(topology["reward"], reservation=reservation, emit=run.emit))
             if kinds & {"reward_timeout", "reward_error"}:
                 reward = FaultyRewards(reward, run.faults, run.clock)

@@ -213,6 +213,7 @@ class Controller:
                 self.publish()
         metrics.update(t)
         metrics["timing_s/weight_sync"] = self.source.weight_sync_s
+        metrics.update(self.source.weight_sync)
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / t["timing_s/step"]
         metrics["perf/max_memory_gb"] = self.peak_memory.peak_gb()
         self.last_samples = self.samples(step, scored)

@@ -254,6 +254,9 @@ class WeightsUpdate:
     version:  how many updates the weights have had (``PolicyWorker.version``)
     tensors:  parameter name -> tensor (in the trainer's process: the live parameters,
               detached; never modify them)
+    checksum: the tensors' checksum (:func:`reasonrl.rollout.weight_sync.checksum`) when the
+              version is an exact copy in the rollout dtype that deltas are made from
+              (:class:`WeightsDelta`); None for the trainer's own tensors
 
     Pickled (to another process) as one object: the names, dtypes and shapes, and each
     parameter's bytes as a NumPy array (16-bit floats as their bit patterns), which pickle
@@ -266,6 +269,7 @@ class WeightsUpdate:
 
     version: int
     tensors: dict[str, torch.Tensor]
+    checksum: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         layout, arrays = [], []
@@ -273,7 +277,7 @@ class WeightsUpdate:
             flat = t.detach().to("cpu").contiguous().reshape(-1)
             arrays.append((flat.view(torch.int16) if flat.is_floating_point() and flat.element_size() == 2 else flat).numpy())
             layout.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
-        return {"version": self.version, "layout": layout, "arrays": arrays}
+        return {"version": self.version, "layout": layout, "arrays": arrays, "checksum": self.checksum}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         tensors = {}
@@ -282,4 +286,48 @@ class WeightsUpdate:
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
                 flat = torch.from_numpy(array)
             tensors[name] = flat.view(getattr(torch, dtype)).view(shape)
-        self.version, self.tensors = state["version"], tensors
+        self.version, self.tensors, self.checksum = state["version"], tensors, state["checksum"]
+
+
+@dataclass
+class WeightsDelta:
+    """One version of 16-bit rollout weights as the elements that changed since a base version
+    (:mod:`reasonrl.rollout.weight_sync` encodes, applies and checks it). A parameter's elements
+    are compared as bit patterns and split into blocks of ``BLOCK`` (65,536) elements.
+
+    version, checksum:      the version it makes and that version's checksum
+    base, base_checksum:    the version it applies to: a worker holding another refuses it
+    layout:   per parameter, in the versions' order, ``(name, kind, count)``: kind ``same``
+              (unchanged, count 0), ``delta`` (count changed elements) or ``whole`` (the
+              whole tensor, count its size: where that is smaller than its changes)
+    counts:   [blocks of the ``delta`` parameters] int32, the changed elements of each block
+    offsets:  [changed elements] int16, each one's position in its block (the bit pattern of
+              an unsigned 16-bit number), ascending within a block
+    values:   [changed elements + elements of ``whole`` parameters] int16, their new bit
+              patterns, parameter after parameter in layout order
+
+    Pickled as one object whose three arrays travel as out-of-band buffers, as a
+    :class:`WeightsUpdate`'s do: one transfer per worker and version.
+    """
+
+    version: int
+    checksum: int
+    base: int
+    base_checksum: int
+    layout: list[tuple[str, str, int]]
+    counts: torch.Tensor
+    offsets: torch.Tensor
+    values: torch.Tensor
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in ("counts", "offsets", "values"):
+            state[key] = state[key].contiguous().numpy()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        with warnings.catch_warnings():  # read-only bytes (the pipe's, the object store's): never written to
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            for key in ("counts", "offsets", "values"):
+                state[key] = torch.from_numpy(state[key])
+        self.__dict__.update(state)

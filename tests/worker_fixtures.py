@@ -150,3 +150,41 @@ def tag_worker(worker, role, index):
 class Tagged(Counter):
     def get_tag(self):
         return self.tag
+
+
+class DeltaRollouts(ScriptedRollouts):
+    """ScriptedRollouts that hold weights as a rollout worker does (deltas applied to the
+    version held, whole checksummed versions verified) and record what reached them:
+    ``(method, "delta" or "whole", version)`` per call."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.held = None
+        self.received: list[tuple[str, str, int]] = []
+
+    def _take(self, method, update):
+        from reasonrl.rollout.weight_sync import apply_delta, verify
+        from reasonrl.types import WeightsDelta
+
+        if isinstance(update, WeightsDelta):
+            self.held = apply_delta(self.held, update)
+        else:
+            self.held = verify(update)
+        self.received.append((method, "delta" if isinstance(update, WeightsDelta) else "whole", update.version))
+        return self.held
+
+    def load_weights(self, update):
+        self.version = self._take("load_weights", update).version
+
+    def offer_weights(self, update):
+        self.version = self._take("offer_weights", update).version
+
+    def stage_weights(self, update):
+        self._take("stage_weights", update)
+
+    def load_staged(self, version):
+        self.version = version
+
+    def report(self):
+        """(what reached this worker, the held version's tensors)."""
+        return self.received, self.held.tensors

@@ -36,6 +36,15 @@ lost: the time its unfinished task had run), ``rollout_worker_quarantined`` (why
 ``rollout_worker_gone`` (out of restarts: the others serve on; with none left the fleet
 raises :class:`FleetError`). Per-worker counts (groups, tokens, busy seconds) accumulate
 until :meth:`take_stats` as ``rollout/worker<i>/*``.
+
+Weights: every version is delivered to every live worker and waited for. With a
+:class:`~reasonrl.rollout.weight_sync.WeightSender` (workers holding weights of their own) a
+version is first made the sender's exact copy in the rollout dtype; a worker recorded as
+holding the version before it is sent the delta, any other the whole version. A worker that
+joins (a replacement, one added by :meth:`RolloutFleet.resize`, a leaving one asked back)
+loads the whole current (and staged) version before it serves and is recorded as holding
+it, so the next version reaches it as a delta. Without a sender the workers share the
+policy's module and nothing is copied.
 """
 
 from __future__ import annotations
@@ -51,7 +60,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from reasonrl.restarts import RestartPolicy
-from reasonrl.types import RolloutBatch, SamplingParams, WeightsUpdate
+from reasonrl.rollout.weight_sync import WeightSender, weights_bytes
+from reasonrl.types import RolloutBatch, SamplingParams, WeightsDelta, WeightsUpdate
 
 GroupsDone = Callable[[list[int], RolloutBatch], bool]
 
@@ -200,14 +210,15 @@ class RolloutFleet:
     worker's share; ``emit(kind, **fields)`` writes events; ``streams`` and ``episodic`` are
     the workers'; ``failures`` are the exception types of a dead or hung worker (the runtime's);
     ``new_worker(i)`` gives the arguments of the group's ``grow`` for worker ``i`` (None: the
-    fleet's size is fixed).
+    fleet's size is fixed); ``sender`` ships the weights to workers that hold their own (None:
+    they share the policy's module; see the module docstring).
     """
 
     def __init__(self, group, *, pad_id: int, streams: bool, episodic: bool, timeout_s: float, restarts: RestartPolicy,
                  group_retries: int, failures: tuple[type[BaseException], ...], quarantine_ratio: float = 0.0,
                  quarantine_steps: int = 3, quarantine_min_s: float = 0.0, detector=None, clock: Callable[[], int] = lambda: 0,
                  emit: Callable[..., None] = lambda kind, **f: None,
-                 new_worker: Callable[[int], tuple] | None = None) -> None:
+                 new_worker: Callable[[int], tuple] | None = None, sender: WeightSender | None = None) -> None:
         self.group, self.pad_id, self.timeout_s = group, pad_id, timeout_s
         self.restarts, self.group_retries = restarts, group_retries
         self.quarantine_ratio, self.quarantine_steps, self.quarantine_min_s = quarantine_ratio, quarantine_steps, quarantine_min_s
@@ -230,6 +241,7 @@ class RolloutFleet:
         """Lockstep: the weights staged for the next :meth:`load_staged`."""
         self.weight_sync_s = 0.0
         """Seconds the last weight delivery took until the slowest worker held them."""
+        self.sender = sender
         self._stats = self._zero_stats()
 
     @property
@@ -454,6 +466,7 @@ class RolloutFleet:
                     slot = self._slots[worker]
                     slot.state = "leaving" if slot.leave else "live"
                     slot.raised_in_a_row = slot.slow_steps = 0
+                    self._held_whole(worker, current, staged)
                     self.emit("rollout_worker_joined", worker=worker, pid=self.group.pids[worker],
                               version=None if current is None else current.version,
                               seconds=time.perf_counter() - began, **fields)
@@ -714,17 +727,23 @@ class RolloutFleet:
             self._answered(task)
 
     # ------------------------------------------------------------ weights
-    def load_weights(self, update: WeightsUpdate) -> None:
-        """Every worker samples with ``update`` from now on (each waited for)."""
-        self._deliver("load_weights", update, current=update)
+    def load_weights(self, update: WeightsUpdate) -> dict[str, float]:
+        """Every worker samples with ``update`` from now on (each waited for); the
+        :meth:`_deliver` figures."""
+        version = self._version(update)
+        return self._deliver("load_weights", version, current=version)
 
-    def offer_weights(self, update: WeightsUpdate) -> None:
-        """Every worker takes ``update`` up before its next generation call."""
-        self._deliver("offer_weights", update, current=update)
+    def offer_weights(self, update: WeightsUpdate) -> dict[str, float]:
+        """Every worker takes ``update`` up before its next generation call; the
+        :meth:`_deliver` figures."""
+        version = self._version(update)
+        return self._deliver("offer_weights", version, current=version)
 
-    def stage_weights(self, update: WeightsUpdate) -> None:
-        """Every worker keeps ``update`` for :meth:`load_staged` (the transfer happens now)."""
-        self._deliver("stage_weights", update, staged=update)
+    def stage_weights(self, update: WeightsUpdate) -> dict[str, float]:
+        """Every worker keeps ``update`` for :meth:`load_staged` (the transfer happens now);
+        the :meth:`_deliver` figures."""
+        version = self._version(update)
+        return self._deliver("stage_weights", version, staged=version)
 
     def load_staged(self, version: int) -> None:
         """Every worker samples with its staged weights, which must be ``version``; a worker
@@ -734,27 +753,78 @@ class RolloutFleet:
             workers = [i for i, s in enumerate(self._slots) if s.state == "live"]
         self._on_workers(workers, "load_staged", version)
 
+    def _version(self, update: WeightsUpdate) -> WeightsUpdate:
+        """The version the workers are to hold for the trainer's ``update``: the sender's copy
+        (the base of the next delta), or ``update`` itself without a sender."""
+        return update if self.sender is None else self.sender.version(update)
+
+    def _held_whole(self, worker: int, current: WeightsUpdate | None, staged: WeightsUpdate | None) -> None:
+        """Record what a joining worker holds once it has loaded ``current`` and then staged
+        ``staged`` whole (the newer of the two), so the next version reaches it as a delta."""
+        newest = staged if staged is not None and staged is not current else current
+        if self.sender is not None and newest is not None:
+            self.sender.held((worker, self.group.pids[worker]), newest)
+
     def _deliver(self, method: str, update: WeightsUpdate, *, current: WeightsUpdate | None = None,
-                 staged: WeightsUpdate | None = None) -> None:
-        """Record the weights (a replacement loads them), then ``method(update)`` on every live worker."""
+                 staged: WeightsUpdate | None = None) -> dict[str, float]:
+        """Record the weights (a replacement loads them), then ``method`` on every live worker
+        with its message for ``update``: the delta or the whole version (see the module
+        docstring). Returns ``weight_sync/bytes``, the tensor bytes sent to all of them, and
+        ``weight_sync/delta_frac``, those bytes over their count times one whole version's
+        (in the dtype versions ship in): the mean over the workers of the fraction each was
+        sent. Both are 0 without a sender (nothing is copied)."""
         began = time.perf_counter()
         with self._cond:
             self.current = current or self.current
             self.staged = staged or self.staged
             workers = [i for i, s in enumerate(self._slots) if s.state == "live"]
-        self._on_workers(workers, method, update)
+            pids = self.group.pids
+            messages: list[WeightsUpdate | WeightsDelta] = [update] * len(workers)
+            if self.sender is not None:
+                self.sender.keep(list(enumerate(pids)))
+                messages = [self.sender.message((w, pids[w]), update) for w in workers]
+        for w in self._wait_each(workers, self._submit_each(workers, method, messages), pids):
+            if self.sender is not None:
+                self.sender.held((w, pids[w]), update)
         self.weight_sync_s = time.perf_counter() - began
+        if self.sender is None or not workers:
+            return {"weight_sync/bytes": 0.0, "weight_sync/delta_frac": 0.0}
+        sent = float(sum(weights_bytes(m) for m in messages))
+        return {"weight_sync/bytes": sent, "weight_sync/delta_frac": sent / (len(workers) * weights_bytes(update))}
 
     def _on_workers(self, workers: list[int], method: str, arg) -> None:
         """``method(arg)`` on each of ``workers``, each waited for; a worker that dies or hangs
         is replaced (its replacement starts from the current and staged weights)."""
         pids = self.group.pids
-        futures = [(w, self.group.submit_to(w, method, arg)) for w in workers]
-        for w, future in futures:
+        self._wait_each(workers, self._submit_each(workers, method, [arg] * len(workers)), pids)
+
+    def _submit_each(self, workers: list[int], method: str, args: list) -> list[Future]:
+        """``method(args[k])`` submitted to ``workers[k]``: as one call to the whole group when
+        every worker gets the same object (a runtime that stores it once then does: Ray)."""
+        if workers == list(range(len(self.group.pids))) and all(a is args[0] for a in args):
+            return self.group.submit(method, args[0])
+        return [self.group.submit_to(w, method, a) for w, a in zip(workers, args)]
+
+    def _wait_each(self, workers: list[int], futures: list[Future], pids: list[int]) -> list[int]:
+        """Wait for each of ``futures`` (``workers``' calls, chosen for the processes ``pids``);
+        the workers that answered. A worker that dies or hangs is replaced (its replacement
+        starts from the current and staged weights). A call that reached a replacement
+        started meanwhile (a delta it cannot apply, say) is left to that replacement, which
+        loads the whole current and staged weights before it serves."""
+        answered = []
+        for w, future in zip(workers, futures):
             try:
                 future.result(timeout=self.timeout_s)
-            except self.failures as err:
+            except Exception as err:  # noqa: BLE001 - died, hung, or reached a replacement: below
+                now = self.group.pids
+                if w >= len(now) or now[w] != pids[w]:
+                    continue
+                if not isinstance(err, self.failures):
+                    raise
                 self._lost(_Task(w, [], future, pids[w]), err, 0)
+            else:
+                answered.append(w)
+        return answered
 
     # ------------------------------------------------------------ per-worker figures
     def _zero_stats(self) -> list[dict[str, float]]:

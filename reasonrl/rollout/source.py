@@ -127,18 +127,21 @@ class RolloutProducer:
         """The rollout workers' process ids."""
         return self.rollout.group.pids
 
-    def load_weights(self, update: WeightsUpdate) -> None:
-        self.rollout.load_weights(update)
+    def load_weights(self, update: WeightsUpdate) -> dict[str, float]:
+        """Every rollout worker samples with ``update``; the ``weight_sync/*`` figures
+        (:meth:`~reasonrl.rollout.fleet.RolloutFleet.load_weights`)."""
+        return self.rollout.load_weights(update)
 
-    def offer_weights(self, update: WeightsUpdate) -> None:
-        """Thread-safe: every rollout worker takes ``update`` up before its next generation call."""
-        self.rollout.offer_weights(update)
+    def offer_weights(self, update: WeightsUpdate) -> dict[str, float]:
+        """Thread-safe: every rollout worker takes ``update`` up before its next generation
+        call; the ``weight_sync/*`` figures."""
+        return self.rollout.offer_weights(update)
 
-    def stage_weights(self, update: WeightsUpdate) -> None:
+    def stage_weights(self, update: WeightsUpdate) -> dict[str, float]:
         """Thread-safe: every rollout worker keeps ``update``, for :meth:`load_staged` to load
         when its turn comes (lockstep: the transfer happens at publish, the load between the
-        collects it sits between)."""
-        self.rollout.stage_weights(update)
+        collects it sits between); the ``weight_sync/*`` figures."""
+        return self.rollout.stage_weights(update)
 
     def load_staged(self, version: int) -> None:
         """Every rollout worker loads its staged weights, which must be ``version``."""
@@ -344,7 +347,8 @@ class AsyncSource:
     (``offer_weights`` and ``stage_weights`` callable beside a running collect) whose calls
     run on a thread of their own, the producer dispatching generation to the rollout fleet.
     Each version crosses once, at :meth:`publish`, which waits until every rollout worker
-    holds it (``weight_sync_s``): ``async`` offers it for the next generation call,
+    holds it (``weight_sync_s``; ``weight_sync`` the fleet's ``weight_sync/bytes`` and
+    ``weight_sync/delta_frac`` of it): ``async`` offers it for the next generation call,
     ``lockstep`` stages it and loads it by version number before the collect it belongs to.
     ``timeout_s`` bounds every wait for a collect. A rollout worker that dies or hangs is
     the fleet's to replace (:class:`~reasonrl.rollout.fleet.RolloutFleet`); an error that
@@ -376,6 +380,9 @@ class AsyncSource:
         self._sent_version: int | None = None
         self.weight_sync_s = 0.0
         """Seconds the last :meth:`publish` took until every rollout worker held the weights."""
+        self.weight_sync: dict[str, float] = {"weight_sync/bytes": 0.0, "weight_sync/delta_frac": 0.0}
+        """``weight_sync/bytes`` and ``weight_sync/delta_frac`` of the last :meth:`publish` that
+        reached the workers (:meth:`~reasonrl.rollout.fleet.RolloutFleet._deliver`)."""
 
     # ------------------------------------------------------------ the producer
     def _start(self) -> None:
@@ -437,7 +444,7 @@ class AsyncSource:
         if self.group is not None:
             began = time.perf_counter()
             [held] = self.group.submit("stage_weights" if self.lockstep else "offer_weights", update)
-            held.result(timeout=self.timeout_s)
+            self.weight_sync = held.result(timeout=self.timeout_s)
             self.weight_sync_s = time.perf_counter() - began
         self._fill()
 

@@ -19,7 +19,8 @@ from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
 from reasonrl.rollout.fleet import StreamOutbox
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.rollout.partial import PartialRollouts
-from reasonrl.types import Prompt, RolloutBatch, SamplingParams, WeightsUpdate
+from reasonrl.rollout.weight_sync import apply_delta, verify
+from reasonrl.types import Prompt, RolloutBatch, SamplingParams, WeightsDelta, WeightsUpdate
 
 
 def build_backend(cfg: Config, model_dir: Path, module: torch.nn.Module | None, pad_id: int, eos_ids: Sequence[int]):
@@ -72,6 +73,12 @@ class RolloutWorker:
     to load first (a weight update lands between generations), or, with ``rollout.interrupt``,
     interrupts the generation in flight, whose unfinished samples go on with them
     (:class:`~reasonrl.rollout.partial.PartialRollouts`).
+
+    Each of the three takes a :class:`~reasonrl.types.WeightsDelta` too (bf16 rollout
+    weights, :mod:`reasonrl.rollout.weight_sync`): it is applied on arrival to the newest
+    checksummed version received (loaded, offered or staged), the result's checksum
+    verified, and refused with a :class:`~reasonrl.rollout.weight_sync.WeightSyncError`
+    when the worker holds another version than the delta's base.
     """
 
     def __init__(self, cfg: Config, model_dir: str | Path, module: torch.nn.Module | None = None,
@@ -81,6 +88,8 @@ class RolloutWorker:
         self.shares_weights = module is not None
         if module is None and cfg.rollout.backend != "vllm":
             module = load_model(model_dir, cfg.model.dtype, cfg.run.device)
+        self.module = module
+        """The module the backend samples with (the policy's own, or this worker's copy); None for vLLM."""
         self.eos_ids = load_eos_ids(model_dir, tokenizer)
         """Every id a sample ends on: the tokenizer's EOS and those of the model's generation config."""
         self.backend = build_backend(cfg, model_dir, module, tokenizer.pad_token_id, self.eos_ids)
@@ -99,6 +108,9 @@ class RolloutWorker:
         self._offered: WeightsUpdate | None = None
         self._lock = threading.Lock()
         self._staged: WeightsUpdate | None = None
+        self._held: WeightsUpdate | None = None
+        """The newest checksummed version received: the base the next delta applies to."""
+        self._receiving = threading.Lock()
         self._outbox = StreamOutbox()
 
     @property
@@ -111,22 +123,46 @@ class RolloutWorker:
         """``streams`` and ``episodic``: what a fleet of these workers can do."""
         return {"streams": self.streams, "episodic": self.episodic}
 
-    def load_weights(self, update: WeightsUpdate) -> None:
+    def load_weights(self, update: WeightsUpdate | WeightsDelta) -> None:
         """Sample with ``update`` from now on."""
-        if not self.shares_weights:
-            self.backend.load_weights(update.tensors)
-        self.version = update.version
+        self._load(self._receive(update))
 
-    def offer_weights(self, update: WeightsUpdate) -> None:
+    def offer_weights(self, update: WeightsUpdate | WeightsDelta) -> None:
         """Leave ``update`` for the next generation call (thread-safe; a newer offer replaces an older one)."""
+        update = self._receive(update)
         with self._lock:
             self._offered = update
 
-    def stage_weights(self, update: WeightsUpdate) -> None:
+    def stage_weights(self, update: WeightsUpdate | WeightsDelta) -> None:
         """Thread-safe: keep ``update`` for :meth:`load_staged` (lockstep: the transfer happens
         at publish, the load between the generations it sits between)."""
+        update = self._receive(update)
         with self._lock:
             self._staged = update
+
+    def weights(self) -> WeightsUpdate:
+        """The parameters this worker samples with (its module's, detached: never modify them)
+        and their version; not readable from a vLLM engine."""
+        if self.module is None:
+            raise TypeError("RolloutWorker.weights: a vLLM engine's weights are not readable")
+        return WeightsUpdate(self.version, {name: p.detach() for name, p in self.module.named_parameters()})
+
+    def _receive(self, update: WeightsUpdate | WeightsDelta) -> WeightsUpdate:
+        """``update`` as a whole version: a delta applied to the version held, a checksummed
+        version verified; either becomes the version held (thread-safe)."""
+        with self._receiving:
+            if isinstance(update, WeightsDelta):
+                update = apply_delta(self._held, update)
+            elif update.checksum is not None:
+                update = verify(update)
+            if update.checksum is not None:
+                self._held = update
+        return update
+
+    def _load(self, update: WeightsUpdate) -> None:
+        if not self.shares_weights:
+            self.backend.load_weights(update.tensors)
+        self.version = update.version
 
     def load_staged(self, version: int) -> None:
         """Sample with the staged weights, which must be ``version``."""
@@ -135,7 +171,7 @@ class RolloutWorker:
         if staged is None or staged.version != version:
             raise RuntimeError(f"load_staged({version}): the staged weights are version "
                                f"{None if staged is None else staged.version}")
-        self.load_weights(staged)
+        self._load(staged)
 
     def _has_offer(self) -> bool:
         with self._lock:
@@ -145,7 +181,7 @@ class RolloutWorker:
         with self._lock:
             update, self._offered = self._offered, None
         if update is not None and update.version != self.version:
-            self.load_weights(update)
+            self._load(update)
 
     def _stamp(self, batch: RolloutBatch) -> RolloutBatch:
         if not self.partial:

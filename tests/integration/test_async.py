@@ -25,8 +25,10 @@ NOT_VALUES = ("timing_s/", "time", "ettr", "time_lost_s", "mttr_s", "perf/throug
 
 
 def values(row: dict) -> dict:
-    """A metrics row without its timings and memory readings."""
-    return {k: v for k, v in row.items() if not k.startswith(NOT_VALUES[0]) and k not in NOT_VALUES and not k.endswith("/busy_s")}
+    """A metrics row without its timings, memory readings and weight transfer sizes (worker
+    threads share the policy's module: nothing is copied to them)."""
+    return {k: v for k, v in row.items() if not k.startswith((NOT_VALUES[0], "weight_sync/")) and k not in NOT_VALUES
+            and not k.endswith("/busy_s")}
 
 
 def overrides(model_dir, run_dir, steps, *extra):

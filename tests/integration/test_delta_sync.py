@@ -1,0 +1,69 @@
+"""Delta weight sync in real runs: bf16 rollout weights reach rollout worker processes as
+deltas, step after step, and every worker samples with the trainer's weights bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reasonrl.config import load
+from reasonrl.controller import Controller
+from reasonrl.metrics import read_jsonl
+from reasonrl.rollout.weight_sync import snapshot
+from tests.conftest import tiny_run
+
+
+class Watched(Controller):
+    """A Controller that, after each step, reads every rollout worker's weights through its
+    ``weights()`` and keeps the trainer's weights of each version, cast to bf16 as the
+    rollout side holds them."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.trainer: dict[int, dict[str, torch.Tensor]] = {}
+        self.seen: list[tuple[int, int, dict[str, torch.Tensor]]] = []  # (step, version, tensors) per worker read
+
+    def keep_trainer(self) -> None:
+        self.trainer.setdefault(self.version, snapshot(self.rank0.weights(), torch.bfloat16).tensors)
+
+    def step(self):
+        self.keep_trainer()
+        metrics = super().step()
+        self.keep_trainer()
+        fleet = self.source.group.workers[0].rollout
+        for future in fleet.group.submit("weights"):
+            held = future.result(timeout=60)
+            self.seen.append((self.step_count, held.version, held.tensors))
+        return metrics
+
+
+@pytest.mark.parametrize(("mode", "extra"), [
+    ("async", ["train.precision=bf16-mixed", "runtime.roles.rollout.count=2"]),
+    ("lockstep", ["model.dtype=bfloat16"]),
+])
+def test_rollout_workers_hold_the_trainers_weights_bit_for_bit_after_20_delta_updates(model_dir, tmp_path, mode, extra):
+    steps = 20
+    cfg = load(None, [*tiny_run(model_dir, tmp_path, steps), f"rollout.mode={mode}", "rollout.max_staleness=1", "algo.off_policy=tis",
+                      "train.lr=1e-6", "run.threads=1", "checkpoint.every_steps=0", "checkpoint.every_minutes=0", *extra])
+    controller = Watched(cfg)
+    controller.run()
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "weight_sync/bytes" in r]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    whole = 2 * sum(t.numel() for t in controller.trainer[0].values())  # one bf16 version
+    workers = 2 if mode == "async" else 1
+    for r in rows:  # every version after the first load went out as a delta
+        assert 0 < r["weight_sync/delta_frac"] < 0.25 and r["timing_s/weight_sync"] > 0
+        assert r["weight_sync/bytes"] == pytest.approx(r["weight_sync/delta_frac"] * workers * whole)
+    assert len(controller.seen) == steps * workers
+    assert max(version for _, version, _ in controller.seen) >= steps - 1
+    for step, version, tensors in controller.seen:
+        expected = controller.trainer[version]
+        assert tensors.keys() == expected.keys()
+        for name, t in tensors.items():
+            # the worker's module (fp32 under bf16-mixed) holds exactly the bf16 values
+            assert torch.equal(t.to(torch.bfloat16).view(torch.int16), expected[name].view(torch.int16)), (step, version, name)
+            assert torch.equal(t, expected[name].to(t.dtype)), (step, version, name)
+    if mode == "lockstep":  # pure bf16: the trainer's own tensors, not a cast of them
+        final = controller.rank0.weights()
+        last = [tensors for _, version, tensors in controller.seen if version == final.version]
+        assert last and all(torch.equal(last[-1][k], final.tensors[k]) for k in final.tensors)

@@ -22,6 +22,22 @@ configuration: run) so that all see the same machine; medians over seeds, and ra
    ``rollout.threads``). ``fleet_over_base`` is the median over seeds of the paired
    ratio of samples/s (under 1: the fleet is slower).
 
+3. **Delta weight sync** (only with ``--delta``, which runs this section alone):
+   ``weight_sync/delta_frac`` of bf16-mixed training on the Qwen2.5-0.5B shape (hidden 896,
+   14 query and 2 key/value heads, MLP 4864, vocabulary 151,936, tied embeddings, random
+   weights of seed ``--delta-seed``; ``--delta-layers`` of its 24 layers, each of the full
+   layer's shape). Per learning rate of ``--delta-lrs`` (``recipe``: the DAPO recipe's
+   ``train.lr``), a fresh model with fp32 parameters and the recipe's AdamW trains
+   ``--delta-steps`` real DAPO updates (:func:`~reasonrl.train.update.update_policy` under
+   bf16 autocast, the recipe's loss and its two optimizer steps per update: mini-batches of
+   half the rows) on one synthetic batch per step (4 prompts x 4 samples, 16 prompt and 32
+   response tokens, random tokens, random 0/1 scores, GRPO advantages); after each, the
+   :class:`~reasonrl.rollout.weight_sync.WeightSender` makes the version's bf16 copy and
+   the delta a worker holding the version before it is sent, which a receiver applies (its
+   checksum checked). Per step: ``delta_frac`` (the delta's bytes over the bf16 version's),
+   ``changed_frac`` (bf16 elements that changed), the seconds of the update, of the copy
+   and encoding, and of applying.
+
 The machine is named in the output: its CPU model, torch's CPU capability (the ISA its
 kernels use) and the vector flags; ``other_cpu_cores_avg`` is the CPU the rest of the
 machine used meanwhile, in cores (a figure taken with it well above 0 on a small machine is
@@ -29,6 +45,7 @@ a contention figure). Both code versions share the warm start's cache entry when
 settings hash the same; it is built once, before any timed run.
 
     python bench/fleet.py [--seeds 0,1,2] [--steps 8] [--warmup 2] [--base /path/to/older/checkout]
+    python bench/fleet.py --delta [--delta-layers 24] [--delta-steps 3] [--delta-lrs recipe,1e-6]
 """
 
 from __future__ import annotations
@@ -169,6 +186,82 @@ def paired(a: list[dict], b: list[dict]) -> float | None:
     return round(statistics.median(ratios), 3) if ratios else None
 
 
+def delta_sync(args) -> dict:
+    """Section 3 (``--delta``): ``weight_sync/delta_frac`` per update of bf16-mixed training on
+    the Qwen2.5-0.5B shape (see the module docstring)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from bench.memory import QWEN25_05B
+    from reasonrl import algo
+    from reasonrl.config import load
+    from reasonrl.precision import compute_context
+    from reasonrl.rollout.weight_sync import WeightSender, apply_delta, weights_bytes
+    from reasonrl.train.update import update_policy
+    from reasonrl.types import Prompt, RolloutBatch, ScoredBatch, TrainBatch, WeightsDelta, WeightsUpdate
+
+    torch.set_num_threads(args.cores)
+    prompts, n, prompt_len, response_len = 4, 4, 16, 32
+    rows = prompts * n
+    cfg = load(ROOT / "recipes" / "dapo.yaml", ["train.precision=bf16-mixed", f"train.mini_batch_size={rows // 2}",
+                                                f"train.micro_batch_size={rows // 2}", "train.micro_batch_tokens=0"])
+    shape = {**QWEN25_05B, "num_hidden_layers": args.delta_layers, "max_position_embeddings": 4096}
+    lrs = [cfg.train.lr if x == "recipe" else float(x) for x in args.delta_lrs.split(",")]
+
+    def batch(step: int) -> TrainBatch:
+        g = torch.Generator().manual_seed(1000 * args.delta_seed + step)
+        vocab = shape["vocab_size"]
+        mask = torch.ones(rows, response_len)
+        rollout = RolloutBatch(torch.randint(2, vocab, (rows, prompt_len), generator=g), torch.ones(rows, prompt_len, dtype=torch.long),
+                               torch.randint(2, vocab, (rows, response_len), generator=g), mask, torch.zeros(rows, response_len),
+                               torch.zeros(rows, dtype=torch.bool), torch.ones(rows, dtype=torch.bool),
+                               torch.arange(prompts).repeat_interleave(n), torch.full((rows, response_len), step - 1))
+        scores = torch.randint(0, 2, (rows,), generator=g).float()
+        scored = ScoredBatch(rollout, [Prompt(str(i), "", "") for i in range(rows)], [""] * rows, scores, scores.bool(),
+                             torch.zeros(rows, dtype=torch.bool))
+        return TrainBatch(scored, mask, None, algo.grpo(scores, rollout.group_ids)[:, None] * mask)
+
+    results = []
+    for lr in lrs:
+        torch.manual_seed(args.delta_seed)
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, pad_token_id=0, eos_token_id=1, bos_token_id=1))
+        params = sum(p.numel() for p in model.parameters())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.train.weight_decay)
+        sender = WeightSender(torch.bfloat16)
+        held = sender.version(WeightsUpdate(0, {k: p.detach() for k, p in model.named_parameters()}))
+        sender.held("worker", held)
+        steps = []
+        for step in range(1, args.delta_steps + 1):
+            began = time.perf_counter()
+            with compute_context("bf16-mixed", "cpu"):
+                update_policy(model, optimizer, batch(step), cfg.algo, cfg.train, 1.0, response_len, step - 1)
+            updated = time.perf_counter()
+            version = sender.version(WeightsUpdate(step, {k: p.detach() for k, p in model.named_parameters()}))
+            delta = sender.message("worker", version)
+            encoded = time.perf_counter()
+            assert isinstance(delta, WeightsDelta), "the worker holds the version before: it is sent a delta"
+            made = apply_delta(held, delta)  # raises unless the result's checksum is the version's
+            applied = time.perf_counter()
+            changed = sum(int((held.tensors[k].view(torch.int16) != t.view(torch.int16)).sum()) for k, t in version.tensors.items())
+            steps.append({"step": step, "delta_frac": round(weights_bytes(delta) / weights_bytes(version), 5),
+                          "changed_frac": round(changed / params, 5), "delta_mb": round(weights_bytes(delta) / 2**20, 2),
+                          "update_s": round(updated - began, 2), "copy_encode_s": round(encoded - updated, 3),
+                          "apply_s": round(applied - encoded, 3)})
+            log(json.dumps({"lr": lr, **steps[-1]}))
+            held = made
+            sender.held("worker", held)
+        results.append({"lr": lr, "lr_is_recipe": lr == cfg.train.lr, "steps": steps,
+                        "delta_frac_last": steps[-1]["delta_frac"],
+                        "delta_frac_median": round(statistics.median(s["delta_frac"] for s in steps), 5)})
+        del model, optimizer, sender, held
+    return {"shape": "Qwen2.5-0.5B" + ("" if args.delta_layers == 24 else f" with {args.delta_layers} of its 24 layers"),
+            "layers": args.delta_layers, "parameters": params, "version_mb_bf16": round(2 * params / 2**20, 1),
+            "precision": "bf16-mixed", "recipe": "dapo", "recipe_lr": cfg.train.lr,
+            "batch": {"prompts": prompts, "samples": n, "prompt_tokens": prompt_len, "response_tokens": response_len,
+                      "optimizer_steps_per_update": 2},
+            "seed": args.delta_seed, "threads": args.cores, "by_lr": results}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2")
@@ -179,7 +272,16 @@ def main() -> None:
                         help="the older code's key for the rollout workers' torch threads")
     parser.add_argument("--cores", type=int, default=available_cores())
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--delta", action="store_true", help="measure delta weight sync only (section 3)")
+    parser.add_argument("--delta-layers", type=int, default=24, help="decoder layers of the 0.5B shape (of 24)")
+    parser.add_argument("--delta-steps", type=int, default=3, help="updates per learning rate")
+    parser.add_argument("--delta-lrs", default="recipe,1e-6", help="learning rates; 'recipe': the DAPO recipe's")
+    parser.add_argument("--delta-seed", type=int, default=0)
     args = parser.parse_args()
+    if args.delta:
+        print(json.dumps({"bench": "fleet", "section": "delta_sync", "machine": machine(), "commit": commit(ROOT),
+                          "delta_sync": delta_sync(args)}))
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     out: dict = {"bench": "fleet", "machine": machine(), "steps": args.steps, "warmup": args.warmup, "seeds": seeds}
     out["commit"] = commit(ROOT)

@@ -117,12 +117,13 @@ def encode(base: WeightsUpdate, new: WeightsUpdate) -> WeightsDelta:
             raise ValueError(f"weight sync: {name} is {t.dtype}{tuple(t.shape)} in version {new.version}, "
                              f"{old.dtype}{tuple(old.shape)} in version {base.version}")
         now = _bits(t)
-        changed = torch.nonzero(_bits(old) != now).squeeze(1)
-        size, k = now.numel(), changed.numel()
+        differs = _bits(old) != now
+        size, k = now.numel(), int(differs.sum())
         blocks = -(-size // BLOCK)
         if k == 0:
             layout.append((name, SAME, 0))
         elif 4 * blocks + 4 * k < 2 * size:
+            changed = torch.nonzero(differs).squeeze(1)
             layout.append((name, DELTA, k))
             counts.append(torch.bincount(changed >> 16, minlength=blocks).to(torch.int32))
             offsets.append(_as_uint16_bits(changed & (BLOCK - 1)))

@@ -1,7 +1,7 @@
 """Delta weight sync: hand-built versions encode to the changes expected (sparse, whole-tensor
 fallback, unchanged), apply back bit for bit, and a wrong base or a bad checksum is refused;
-the sender picks delta or whole per worker, and a fleet sends a replaced worker the whole
-version, then deltas again."""
+the sender picks delta or whole per worker, and a fleet sends a replaced or an added worker
+the whole version, then deltas again."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def test_the_sender_sends_a_delta_only_to_a_worker_holding_the_version_before():
     assert WeightSender(None).version(v1) is v1  # fp32: the trainer's tensors as they are
 
 
-def test_a_replaced_worker_gets_the_whole_version_then_deltas(tmp_path):
+def test_a_replaced_or_added_worker_gets_the_whole_version_then_deltas(tmp_path):
     params = SamplingParams(max_new_tokens=4)
     group = ProcessGroup(DeltaRollouts, [(0.0, 34, str(tmp_path / "died"))] * 2, name="rollout", timeout_s=30,
                          concurrent=("offer_weights", "stage_weights", "poll_stream", "stop_stream"))
@@ -171,7 +171,7 @@ def test_a_replaced_worker_gets_the_whole_version_then_deltas(tmp_path):
         f = RolloutFleet(group, pad_id=0, streams=True, episodic=False, timeout_s=30,
                          restarts=RestartPolicy(budget=2, backoff_s=0.0), group_retries=3,
                          failures=(WorkerDied, WorkerTimeout), emit=lambda kind, **fields: events.append((kind, fields)),
-                         sender=WeightSender(BF16))
+                         new_worker=lambda i: (0.0,), sender=WeightSender(BF16))
         g = torch.Generator().manual_seed(0)
         w = torch.randn(BLOCK, generator=g)
 
@@ -191,14 +191,21 @@ def test_a_replaced_worker_gets_the_whole_version_then_deltas(tmp_path):
         f.offer_weights(trained(2))
         f.stage_weights(trained(3))
         f.load_staged(3)
+        f.resize(3)  # worker 2 joins
+        assert [j["worker"] for j in joined(events, 2)] == [1, 2] and f.live() == [0, 1, 2]
+        stats = f.offer_weights(trained(4))
+        assert stats["weight_sync/delta_frac"] < 0.05  # all three hold version 3
         reports = [r.result(timeout=30) for r in group.submit("report")]
     finally:
-        group.close()
+        f.close()
     assert [(m, kind) for m, kind, _ in reports[0][0]] == [
-        ("load_weights", "whole"), ("offer_weights", "delta"), ("offer_weights", "delta"), ("stage_weights", "delta")]
-    # the replacement: the whole current version at its start, deltas after it
+        ("load_weights", "whole"), ("offer_weights", "delta"), ("offer_weights", "delta"), ("stage_weights", "delta"),
+        ("offer_weights", "delta")]
+    # the replacement, and the worker added: the whole current version at their start, deltas after it
     assert [(m, kind, v) for m, kind, v in reports[1][0]] == [
-        ("load_weights", "whole", 1), ("offer_weights", "delta", 2), ("stage_weights", "delta", 3)]
-    expected = snapshot(trained(3), BF16).tensors
+        ("load_weights", "whole", 1), ("offer_weights", "delta", 2), ("stage_weights", "delta", 3),
+        ("offer_weights", "delta", 4)]
+    assert [(m, kind, v) for m, kind, v in reports[2][0]] == [("load_weights", "whole", 3), ("offer_weights", "delta", 4)]
+    expected = snapshot(trained(4), BF16).tensors
     for _, tensors in reports:
         assert all(same_bits(tensors[k], expected[k]) for k in expected)

@@ -300,33 +300,20 @@ def test_reasonrl_scale_grows_an_async_fleet_to_three_and_back_to_one_and_loses_
 
 
 @pytest.mark.slow
-def test_a_lockstep_run_killed_at_several_points_and_rescaled_ends_bit_identical(model_dir, tmp_path):
+def test_a_lockstep_run_killed_at_several_points_ends_bit_identical(model_dir, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     common = ["rollout.mode=lockstep", "rollout.max_staleness=1", "algo.off_policy=decoupled", "checkpoint.every_steps=1",
               "checkpoint.keep=3", "resilience.backoff_s=0.05", "resilience.max_restarts=8", "runtime.roles.rollout.count=2"]
     Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 8, *common))).run()
-    faults = "faults=[sigkill@4:stage=gen,ckpt_kill@6]"  # a kill in update_actor: tests/integration/test_fault_drills.py
+    faults = "faults=[sigkill@3:stage=gen,ckpt_kill@5]"  # a kill in update_actor: tests/integration/test_fault_drills.py
     cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *overrides(model_dir, faulty, 8, *common, faults)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: _steps_done(faulty) >= 2, 120, "2 steps")
-        _scale(faulty, 3)  # kept in scale.json: the restarts after the kills start with 3 workers
-        _wait_for(lambda: _steps_done(faulty) >= 7, 240, "7 steps")
-        _scale(faulty, 1)
-        out, err = proc.communicate(timeout=400)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, _tail(err)
-    events = read_jsonl(faulty / "events.jsonl")
-    kinds = [e["kind"] for e in events]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, _tail(proc.stderr)
+    kinds = [e["kind"] for e in read_jsonl(faulty / "events.jsonl")]
     assert kinds.count("killed") == 2 and kinds.count("recovered") == 2
-    assert any(e["kind"] == "rollout_started" and len(e["pids"]) == 3 for e in events)  # a restart kept the count
-    assert any(e["kind"] == "rollout_scaled" and e["workers"] == 1 for e in events)
     a, b = load_file(clean / "final/model.safetensors"), load_file(faulty / "final/model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed, rescaled lockstep run's weights differ from the clean run"
-    # every value but the queue length (whether the next batch was ready yet is a matter of timing) and the
-    # per-worker counts (which worker generated a group changes nothing it draws)
-    drop = lambda r: {k: v for k, v in values(r).items()  # noqa: E731
-                      if k != "rollout/queue_length" and not k.startswith(("rollout/worker", "rollout/live_workers"))}
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed lockstep run's weights differ from the clean run"
+    # every value but the queue length (whether the next batch was ready yet is a matter of timing)
+    drop = lambda r: {k: v for k, v in values(r).items() if k != "rollout/queue_length"}  # noqa: E731
     assert [drop(r) for r in read_jsonl(faulty / "metrics.jsonl")] == [drop(r) for r in read_jsonl(clean / "metrics.jsonl")]
     assert json.loads((faulty / "summary.json").read_text())["incidents"]["killed"] == 2

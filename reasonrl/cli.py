@@ -395,8 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None)
     p.set_defaults(fn=cmd_report)
-    p = sub.add_parser("sweep", help="train every cell x seed of a sweep file (resumable) and summarise them with "
-                                     "95%% intervals and verdicts against the baseline (docs/sweeps.md)")
+    p = sub.add_parser("sweep", help="train every cell x seed of a sweep file (resumable) and summarise them: means "
+                                     "with intervals over seeds, differences to the baseline, verdicts (docs/sweeps.md)")
     p.add_argument("sweep", nargs="?", default=None, help="the sweep file (recipe, set, grid or cells, seeds, baseline, "
                                                          "target, sweep)")
     p.add_argument("overrides", nargs="*", help="sweep.parallel=N, sweep.run_timeout_h=H; any other dotted "

@@ -257,6 +257,17 @@ def _run_pool(queue: deque[_Pending], progress: _Progress, sweep: Sweep) -> int 
     return stopped[0] if stopped else None
 
 
+def check_sweep_dir(root: Path) -> None:
+    """RunDirError unless ``root`` is a new or empty directory or a sweep's (sweep.json or
+    sweep.lock in it)."""
+    if root.exists() and not root.is_dir():
+        raise RunDirError(f"--dir {root}: is a file, not a directory; choose a directory for the sweep")
+    entries = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    if entries and SPEC_FILE not in entries and LOCK_FILE not in entries:
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise RunDirError(f"--dir {root}: holds files that are not a sweep's ({shown}); choose a new or empty directory")
+
+
 def check_resumable(cfg: Config) -> None:
     """ResumeError when ``cfg.run.dir`` holds a run written with a config this one may not
     resume (another config_hash), naming the keys that differ."""
@@ -290,10 +301,11 @@ def run_sweep(sweep: Sweep, root: Path, log: Callable[[str], None] = print) -> i
     the summary (see the module docstring). 0: every run finished; 1: some run failed;
     128 + N: stopped by signal N."""
     root = Path(root)
+    check_sweep_dir(root)
     lock = SweepLock(root).acquire()
     try:
-        write_atomic(root / SPEC_FILE, json.dumps(sweep.to_dict(), indent=2) + "\n")
         planned = plan(sweep, root)
+        write_atomic(root / SPEC_FILE, json.dumps(sweep.to_dict(), indent=2) + "\n")
         pending = [_Pending(run, cfg) for run, cfg in planned if run_state(cfg).kind != "complete"]
         events = EventLog(root)
         events.emit("sweep_start", None, runs=len(planned), finished=len(planned) - len(pending), pid=os.getpid(),

@@ -114,11 +114,16 @@ class Sweep:
 
     def config(self, run: SweepRun, cores: int = 1) -> Config:
         """The validated config of ``run``; ConfigError naming the sweep file and the cell, or
-        eval.every_steps when the runs would measure no held-out accuracy."""
+        eval.every_steps when the runs would measure no held-out accuracy, or sweep.parallel > 1
+        with runs on Ray."""
         try:
             cfg = load(self.recipe, self.overrides(run, cores))
         except ConfigError as err:
             raise ConfigError(f"{self.source}, cell {run.cell.name}: {err}", err.key) from None
+        if self.options.parallel > 1 and cfg.runtime.engine == "ray":
+            raise ConfigError(f"{self.source}, cell {run.cell.name}: sweep.parallel = {self.options.parallel} with "
+                              "runtime.engine=ray: runs that use Ray train one at a time (sweep.parallel=1); each "
+                              "places its own roles on the cluster", "sweep.parallel")
         if cfg.eval.every_steps <= 0:
             raise ConfigError(f"{self.source}, cell {run.cell.name}: eval.every_steps = {cfg.eval.every_steps}: a "
                               "sweep compares held-out accuracy (val/acc), so its runs need eval.every_steps >= 1",

@@ -90,6 +90,9 @@ def test_bad_run_settings_name_the_file_and_cell(tmp_path):
     s = sweep_of(tmp_path, set={"eval.every_steps": 0})
     with pytest.raises(ConfigError, match="eval.every_steps = 0: a sweep compares held-out accuracy"):
         s.config(s.runs(tmp_path)[0])
+    s = sweep_of(tmp_path, ["sweep.parallel=2"], set={"runtime.engine": "ray"})
+    with pytest.raises(ConfigError, match="sweep.parallel = 2 with runtime.engine=ray: runs that use Ray train one at a"):
+        s.config(s.runs(tmp_path)[0])
     assert sweep_of(tmp_path, seeds=3).seeds == (0, 1, 2)
     with pytest.raises(ConfigError, match="s.yaml: recipe: missing"):
         parse_sweep({"seeds": [0]}, "s.yaml", tmp_path)

@@ -1,0 +1,50 @@
+"""The sweep runner's checks before anything trains (reasonrl/experiments/runner.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from reasonrl.config import dump
+from reasonrl.errors import ResumeError, RunDirError
+from reasonrl.experiments.runner import SweepLock, check_resumable, check_sweep_dir
+from reasonrl.experiments.sweep import SweepRun, parse_sweep
+
+
+def test_the_sweep_directory_is_new_empty_or_a_sweeps(tmp_path):
+    check_sweep_dir(tmp_path / "new")
+    check_sweep_dir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="holds files that are not a sweep's \\(notes.txt\\)"):
+        check_sweep_dir(tmp_path)
+    (tmp_path / "sweep.json").write_text("{}")
+    check_sweep_dir(tmp_path)
+    with pytest.raises(RunDirError, match="is a file"):
+        check_sweep_dir(tmp_path / "notes.txt")
+
+
+def test_one_sweep_per_directory(tmp_path):
+    lock = SweepLock(tmp_path).acquire()
+    try:
+        assert f'"pid": {os.getpid()}' in SweepLock(tmp_path).holder()
+        with pytest.raises(RunDirError, match=f'another reasonrl sweep is running in this directory .*"pid": {os.getpid()}'):
+            SweepLock(tmp_path).acquire()
+    finally:
+        lock.release()
+    assert SweepLock(tmp_path).holder() is None
+    SweepLock(tmp_path).acquire().release()
+
+
+def test_a_run_directory_written_with_another_config_is_refused_naming_the_keys(tmp_path):
+    def config(eps_high: float, steps: int):
+        s = parse_sweep({"recipe": "grpo", "set": {"train.total_steps": steps}, "cells": [{"algo.eps_high": eps_high}],
+                         "seeds": [0]}, "s.yaml", tmp_path)
+        return s.config(SweepRun(s.cells[0], 0, tmp_path / "run"))
+
+    check_resumable(config(0.2, 30))  # nothing there yet
+    dump(config(0.2, 30), tmp_path / "run" / "config.yaml")
+    check_resumable(config(0.2, 30))
+    check_resumable(config(0.2, 60))  # more steps: the run goes on
+    with pytest.raises(ResumeError, match=r"another config than the sweep gives it now \(algo.eps_high: 0.2 -> 0.28\)"):
+        check_resumable(config(0.28, 30))

@@ -37,6 +37,7 @@ terminal, ``summary.csv``, ``summary.json`` and ``report.html`` (:mod:`reasonrl.
 from __future__ import annotations
 
 import fcntl
+import inspect
 import json
 import os
 import signal
@@ -278,7 +279,8 @@ def check_resumable(cfg: Config) -> None:
     if config_hash(old) == config_hash(cfg):
         return
     before, now = flatten(to_dict(old)), flatten(to_dict(cfg))
-    keys = [k for k in now if before.get(k) != now[k] and k != "run.dir"]
+    may_change = inspect.signature(config_hash).parameters["ignore"].default  # what a resume may change
+    keys = [k for k in now if before.get(k) != now[k] and not any(k == i or k.startswith(f"{i}.") for i in may_change)]
     shown = ", ".join(f"{k}: {json.dumps(before.get(k))} -> {json.dumps(now[k])}" for k in keys[:6])
     raise ResumeError(f"{cfg.run.dir}: this run directory holds a run with another config than the sweep gives it "
                       f"now ({shown}); restore the sweep file, or give the sweep another --dir")

@@ -48,3 +48,5 @@ def test_a_run_directory_written_with_another_config_is_refused_naming_the_keys(
     check_resumable(config(0.2, 60))  # more steps: the run goes on
     with pytest.raises(ResumeError, match=r"another config than the sweep gives it now \(algo.eps_high: 0.2 -> 0.28\)"):
         check_resumable(config(0.28, 30))
+    with pytest.raises(ResumeError, match=r"now \(algo.eps_high: 0.2 -> 0.28\); restore"):  # not the keys a resume may change
+        check_resumable(config(0.28, 60))

@@ -269,8 +269,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from reasonrl.experiments.sweep import read_sweep
 
     if args.status is not None:
-        if args.sweep is not None or args.dir is not None:
-            raise InputError("sweep --status DIR takes no sweep file and no --dir")
+        if args.sweep is not None or args.dir is not None or args.overrides:
+            raise InputError("sweep --status DIR takes no sweep file, no --dir and no overrides")
         print(status_text(Path(args.status)))
         return 0
     if args.sweep is None or args.dir is None:

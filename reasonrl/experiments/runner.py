@@ -45,9 +45,10 @@ import sys
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from tqdm import tqdm
 
@@ -317,15 +318,15 @@ def run_sweep(sweep: Sweep, root: Path, log: Callable[[str], None] = print) -> i
             + (f", {sweep.options.parallel} at once" if sweep.options.parallel > 1 and pending else ""))
         stopped_by, done = None, []
         if pending:
-            _quiet_model_loading()
-            _prepare(pending, log)
-            progress = _Progress(len(planned), len(planned) - len(pending), events)
-            queue = deque(pending)
-            try:
-                stopped_by = (_run_here(queue, progress) if sweep.options.parallel == 1
-                              else _run_pool(queue, progress, sweep))
-            finally:
-                progress.close()
+            with _quiet_model_loading():
+                _prepare(pending, log)
+                progress = _Progress(len(planned), len(planned) - len(pending), events)
+                queue = deque(pending)
+                try:
+                    stopped_by = (_run_here(queue, progress) if sweep.options.parallel == 1
+                                  else _run_pool(queue, progress, sweep))
+                finally:
+                    progress.close()
             failed, done = progress.failed, progress.done
         else:
             failed = {}
@@ -350,14 +351,26 @@ def run_sweep(sweep: Sweep, root: Path, log: Callable[[str], None] = print) -> i
         lock.release()
 
 
-def _quiet_model_loading() -> None:
+@contextmanager
+def _quiet_model_loading() -> Iterator[None]:
     """No progress bars of Hugging Face loading and saving (every run loads and exports its
-    model) beside the sweep's: in this process, and in the worker processes it starts later
-    (through the environment they inherit)."""
+    model) beside the sweep's, while the sweep trains: in this process, and in the worker
+    processes it starts (through the environment they inherit). Restored afterwards."""
     from transformers.utils import logging as transformers_logging
 
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    variable, before = "HF_HUB_DISABLE_PROGRESS_BARS", os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    enabled = transformers_logging.is_progress_bar_enabled()
+    os.environ[variable] = "1"
     transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = before
+        if enabled:
+            transformers_logging.enable_progress_bar()
 
 
 def _prepare(pending: list[_Pending], log: Callable[[str], None]) -> None:

@@ -437,7 +437,7 @@ def status_text(root: Path) -> str:
     header = ["cell", *(f"seed {s}" for s in sweep.seeds)]
     grid = [header, *([name, *(by_seed[s] for s in sweep.seeds)] for name, by_seed in cells.items())]
     widths = [max(len(r[i]) for r in grid) for i in range(len(header))]
-    lines = [f"sweep {root}: " + (f"running ({holder})" if holder else "not running"),
+    lines = [f"sweep {root}: " + (f"running ({_holder_text(holder)})" if holder else "not running"),
              f"runs: {len(planned)}; " + ", ".join(f"{n} {kind}" for kind, n in counts.items()),
              "", *("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in grid)]
     for label, error in failed.items():
@@ -445,6 +445,15 @@ def status_text(root: Path) -> str:
     if finished:
         lines += ["", format_table(summarize(sweep, _results(sweep, finished)), sweep.target)]
     return "\n".join(lines)
+
+
+def _holder_text(holder: str) -> str:
+    """``pid N since TIME`` of the sweep lock's text (the text itself when it is not the lock's JSON)."""
+    try:
+        data = json.loads(holder)
+        return f"pid {data['pid']} since {data['since']}"
+    except (ValueError, KeyError, TypeError):
+        return holder
 
 
 def _failed_runs(path: Path) -> dict[str, str]:

@@ -181,7 +181,7 @@ def table_rows(cells: list[CellSummary], target: float | None) -> tuple[list[str
         row = [c.name, str(len(c.seeds)), _interval(c.final_mean, c.final_lo, c.final_hi),
                _interval(c.best_mean, c.best_lo, c.best_hi),
                "–" if c.verdict == "baseline" else _interval(c.diff, c.diff_lo, c.diff_hi, signed=True)
-               + (f" ({c.diff_seeds} seeds)" if c.diff is not None else ""),
+               + (f" ({c.diff_seeds} seed{'s' if c.diff_seeds != 1 else ''})" if c.diff is not None else ""),
                c.verdict if c.verdict != "no difference" or c.diff_lo is not None else "– (too few seeds)"]
         if target is not None:
             row.append(_to_target(c))

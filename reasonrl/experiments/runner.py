@@ -343,7 +343,7 @@ def run_sweep(sweep: Sweep, root: Path, log: Callable[[str], None] = print) -> i
             return 128 + stopped_by
         events.emit("sweep_done", None, finished=len(finished), failed=sorted(failed))
         if failed:
-            log(f"{len(failed)} runs failed (events: {root / 'events.jsonl'}):\n"
+            log(f"{len(failed)} run{'s' if len(failed) > 1 else ''} failed (events: {root / 'events.jsonl'}):\n"
                 + "\n".join(f"  {label}: {error}" for label, error in failed.items()))
             return 1
         return 0

@@ -136,3 +136,27 @@ def test_status_and_parallel_runs_in_worker_processes(tmp_path, model_dir, capsy
     out = capsys.readouterr().out
     assert f"sweep {root}: not running" in out and "runs: 2; 2 finished, 0 in progress, 0 failed, 0 not started" in out
     assert "algo.eps_high=0.28  done" in out and "baseline" in out
+
+
+def test_a_run_that_crashes_is_retried_and_one_that_cannot_run_is_recorded(tmp_path, model_dir, capsys):
+    cells = [{"faults": ["crash@3:stage=gen"]},  # raises once in step 3: started again from its step-2 checkpoint
+             {"reward.fn": "tests.reward_fixtures:broken", "resilience.reward_max_failures": 1},  # fails for good
+             {"algo.eps_high": 0.28}]
+    spec = write_sweep(tmp_path / "sweep.yaml", model_dir, [0], {"algo.eps_high": [0.2]})
+    data = json.loads(spec.read_text())
+    del data["grid"]
+    spec.write_text(json.dumps({**data, "cells": cells, "baseline": cells[2]}))
+    root = tmp_path / "sweep"
+    assert run_sweep(read_sweep(spec), root) == 1
+    events = [e for e in read_jsonl(root / "events.jsonl") if e["kind"].startswith("run_")]
+    runs = {e["run"] for e in events}
+    [crashed], [broken] = ([r for r in runs if r.startswith(prefix)] for prefix in ("faults=__crash_3_stage=gen__-", "reward.fn="))
+    assert [(e["kind"], e.get("retry")) for e in events if e["run"] == crashed] == [
+        ("run_start", None), ("run_failed", True), ("run_start", None), ("run_done", None)]
+    [failure] = [e for e in events if e["run"] == broken and e["kind"] == "run_failed"]
+    assert failure["retry"] is False and failure["error"].startswith("RewardFailureError")  # a FatalError
+    assert [e["from_step"] for e in events if e["run"] == crashed and e["kind"] == "run_start"] == [0, 2]
+    summary = json.loads((root / "summary.json").read_text())
+    assert [len(c["seeds"]) for c in summary["cells"]] == [1, 0, 1]
+    out = capsys.readouterr().out
+    assert "1 run failed" in out and f"{broken}: RewardFailureError" in out

@@ -162,3 +162,12 @@ def test_summarize_pairs_seeds_with_the_baseline(tmp_path):
     written = write_summary(tmp_path, s, cells)
     assert [p.name for p in written] == ["summary.csv", "summary.json", "report.html", "curves.png", "diffs.png"]
     assert json.loads((tmp_path / "summary.json").read_text())["cells"][1]["verdict"] == "better"
+
+
+def test_the_shipped_sweep_files_and_every_run_config_load():
+    shipped = sorted((Path(__file__).resolve().parents[2] / "sweeps").rglob("*.yaml"))
+    assert shipped
+    for path in shipped:
+        s = read_sweep(path)
+        for run in s.runs("runs/x"):
+            s.config(run)

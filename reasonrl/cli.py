@@ -1,4 +1,4 @@
-"""Command line: ``reasonrl train | config | sft | eval | demo | export | report | samples | drill | env-check | trace``.
+"""Command line: ``reasonrl train | config | sft | eval | demo | export | report | sweep | samples | drill | env-check | trace``.
 
     reasonrl train recipes/dapo.yaml train.total_steps=50 run.dir=runs/dapo
     reasonrl train dapo --dry-run                check config, data, reward, model, device, context; print the plan
@@ -8,6 +8,8 @@
     reasonrl demo [key=value ...]                the embedded example end to end, then a report
     reasonrl export RUN_DIR [--step N] OUT       a run's policy as a Hugging Face model directory
     reasonrl report RUN_DIR [RUN_DIR ...]        PNG plots and report.html comparing runs
+    reasonrl sweep SWEEP.yaml --dir DIR [k=v]    every cell x seed of a sweep file, resumable; summary with intervals
+    reasonrl sweep --status DIR                  where a sweep stands
     reasonrl samples RUN_DIR [--step N] [--wrong|--right]   the prompts, responses and rewards a run kept
     reasonrl drill [--steps N] [key=value ...]   one fault of each kind on the demo: detection, recovery, ETTR
     reasonrl env-check NAME [--policy scripted] [env.args.k=v ...]   play an environment and check it
@@ -278,6 +280,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Train every cell x seed of a sweep file under --dir (resuming a sweep that was stopped),
+    then print and write its summary; ``--status DIR``: where a sweep stands. Exit 1 when
+    some run failed."""
+    from reasonrl.experiments.runner import run_sweep, status_text
+    from reasonrl.experiments.sweep import read_sweep
+
+    if args.status is not None:
+        if args.sweep is not None or args.dir is not None or args.overrides:
+            raise InputError("sweep --status DIR takes no sweep file, no --dir and no overrides")
+        print(status_text(Path(args.status)))
+        return 0
+    if args.sweep is None or args.dir is None:
+        raise InputError("sweep: expected a sweep file and --dir DIR (reasonrl sweep SWEEP.yaml --dir DIR), or "
+                         "--status DIR")
+    return run_sweep(read_sweep(args.sweep, args.overrides), Path(args.dir))
+
+
 def cmd_samples(args: argparse.Namespace) -> int:
     """The samples a run kept (RUN_DIR/samples.jsonl), filtered by step, split and correctness."""
     from reasonrl.samples import format_samples, read_samples
@@ -399,6 +419,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None)
     p.set_defaults(fn=cmd_report)
+    p = sub.add_parser("sweep", help="train every cell x seed of a sweep file (resumable) and summarise them: means "
+                                     "with intervals over seeds, differences to the baseline, verdicts (docs/sweeps.md)")
+    p.add_argument("sweep", nargs="?", default=None, help="the sweep file (recipe, set, grid or cells, seeds, baseline, "
+                                                         "target, sweep)")
+    p.add_argument("overrides", nargs="*", help="sweep.parallel=N, sweep.run_timeout_h=H; any other dotted "
+                                                "key=value is added to the sweep's set")
+    p.add_argument("--dir", default=None, help="the sweep directory: one run directory per cell and seed, the summary")
+    p.add_argument("--status", default=None, metavar="DIR", help="print where the sweep in DIR stands and exit")
+    p.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("samples", help="print the prompts, responses and rewards a run kept")
     p.add_argument("run_dir", help="the run directory (run.dir)")
     p.add_argument("--step", type=int, default=None, help="the samples of step N (default: the newest step)")

@@ -37,3 +37,9 @@ def sleepy(response: str, ground_truth: str) -> dict:
         time.sleep(30)
     ok = response == ground_truth
     return {"score": 1.0 if ok else -1.0, "acc": ok}
+
+
+def slow_coin(response: str, ground_truth: str) -> dict:
+    """``coin``, 10 ms a response: a tiny run's steps last long enough to be caught mid-way."""
+    time.sleep(0.01)
+    return coin(response, ground_truth)

@@ -120,6 +120,12 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def read_yaml(text: str) -> Any:
+    """``text`` parsed as recipes are (YAML 1.2 booleans and floats: ``3e-4`` is a number,
+    ``yes`` a string); yaml.YAMLError when it is not YAML."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def dump(cfg: Config, path: str | Path) -> None:
     """Write cfg as a YAML recipe that ``load`` reads back to an equal Config. The file is
     replaced atomically, so a crash never leaves half of it."""

@@ -81,12 +81,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_here(cfg) -> int:
-    """Train in this process (following the supervisor, when there is one)."""
+    """Train in this process (following the supervisor, when there is one). Where roles run in
+    processes of this one, their forkserver starts first, so that its imports (torch,
+    ``transformers``, the workers: seconds) run beside this process's own."""
+    from reasonrl.runtime.process import start_forkserver
+    from reasonrl.runtime.topology import plan
+
+    topology = plan(cfg)
+    if topology.starts_processes():
+        start_forkserver()
     from reasonrl.controller import Controller
     from reasonrl.resilience.rundir import follow_supervisor
 
     follow_supervisor()
-    controller = Controller(cfg)
+    controller = Controller(cfg, topology=topology)
     last = controller.run()
     if controller.stopped_by is not None:
         return 128 + controller.stopped_by

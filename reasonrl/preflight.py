@@ -220,7 +220,7 @@ def _model_dir(cfg: Config) -> tuple[Path | None, str]:
 
         check_model_files(cfg.model.path)
         return Path(cfg.model.path), cfg.model.path
-    from reasonrl.warmstart.sft import warm_start_dir
+    from reasonrl.warmstart.cache import warm_start_dir
 
     out = warm_start_dir(cfg.sft, cfg.data.families)
     if (out / "sft_summary.json").is_file():

@@ -6,26 +6,30 @@ loaded through the same ``load_model`` path as a real checkpoint directory. Llam
 ``AutoTokenizer`` replaces the tokenizer of a ``qwen2`` directory by Qwen2's own byte-level
 pipeline, while a ``llama`` directory keeps the generic tokenizer it was saved with, so the
 exported model tokenises with plain ``AutoTokenizer`` exactly as it was trained.
+
+torch and ``transformers`` are imported where a model or tokenizer is built or loaded: the checks
+before a run (:mod:`reasonrl.preflight`, in the supervisor's process too) read a model directory's
+files and its tokenizer only, and a generic tokenizer needs neither torch nor the model classes.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-    LlamaConfig,
-    LlamaForCausalLM,
-)
+from typing import TYPE_CHECKING
 
 from reasonrl.errors import InputError, InputNotFound, error_line
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a model is loaded in, by its name (``model.dtype``: float32, bfloat16 or float16)."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 EMBEDDED_MAX_POSITIONS = 256
@@ -44,6 +48,9 @@ def build_tiny_model(
     seed: int,
     max_positions: int = EMBEDDED_MAX_POSITIONS,
 ) -> LlamaForCausalLM:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -69,6 +76,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 def check_device(device: str) -> None:
     """InputError naming ``run.device`` when this torch build or machine cannot use ``device``."""
     kind, _, index = device.partition(":")
+    if kind not in ("cuda", "mps"):
+        return
+    import torch
+
     if kind == "cuda":
         if torch.version.cuda is None or not torch.cuda.is_available():
             why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
@@ -82,10 +93,12 @@ def check_device(device: str) -> None:
 def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
     """A causal LM from a local Hugging Face model directory (nothing is downloaded); a
     directory whose weights cannot be read (missing, truncated, mismatched) is an InputError."""
+    from transformers import AutoModelForCausalLM
+
     _check_model_dir(path)
     check_device(device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True)
     except Exception as err:  # noqa: BLE001 - every way a local directory fails to load is its problem
         raise InputError(f"model.path: cannot load the model in {path}: {error_line(err)}") from err
     return model.to(device)
@@ -150,7 +163,11 @@ def _tokenizer_class(path: Path) -> type:
     config = path / "tokenizer_config.json"
     generic = ("TokenizersBackend", "PreTrainedTokenizerFast")
     if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in generic:
+        from transformers import PreTrainedTokenizerFast
+
         return PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
+
     return AutoTokenizer
 
 

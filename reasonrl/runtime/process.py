@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import pickle
 import queue
 import signal
 import socket
+import sys
 import threading
 import traceback
 from concurrent.futures import Future
@@ -42,13 +44,26 @@ _CLOSE = "close"
 
 PRELOAD = ("torch", "reasonrl.workers")
 """Modules the forkserver imports once, before it forks the first child (with the factory's
-module): whichever group starts first, every child then begins with torch, transformers and
-the worker classes loaded instead of importing them again (seconds each)."""
+module), where this process has imported torch itself (a trainer, a worker, a test session:
+its groups hold models): whichever group starts first, every child then begins with torch,
+transformers and the worker classes loaded instead of importing them again (seconds each). A
+process without torch (``reasonrl env-check``, whose environment workers need none of it)
+preloads the factory's module only."""
 
 
 def _context() -> multiprocessing.context.BaseContext:
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def start_forkserver() -> None:
+    """Start this process's forkserver now, with :data:`PRELOAD`, where there is one: its imports
+    (seconds) then run beside the caller's own instead of after them, when the first group
+    starts. Groups started later fork from it; a child imports its factory's module itself."""
+    ctx = _context()
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload(list(PRELOAD))
+        multiprocessing.forkserver.ensure_running()
 
 
 def _send(conn, lock: threading.Lock, message: Any) -> None:
@@ -254,7 +269,8 @@ class ProcessGroup:
             raise ValueError(f"ProcessGroup {name}: expected at least one worker")
         self._ctx = _context()
         if self._ctx.get_start_method() == "forkserver":
-            self._ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, factory.__module__])))
+            heavy = PRELOAD if "torch" in sys.modules else ()
+            self._ctx.set_forkserver_preload(list(dict.fromkeys([*heavy, factory.__module__])))
         self.name = name
         self.size = len(args_per_worker)
         self.timeout_s = timeout_s

@@ -1,14 +1,15 @@
-"""Torch's process-wide settings for a worker process (or the trainer's own)."""
+"""Torch's process-wide settings for a worker process (or the trainer's own), and the cores a
+process may use (read without torch: the run's plan asks for them before anything trains)."""
 
 from __future__ import annotations
 
 import os
 
-import torch
-
 
 def setup_torch(threads: int, deterministic: bool) -> None:
     """Torch threads: ``threads``, else the cores this process may run on; deterministic kernels."""
+    import torch
+
     torch.set_num_threads(threads or available_cores())
     torch.use_deterministic_algorithms(deterministic)
 

@@ -93,6 +93,13 @@ class Topology:
         """One line per role, in :data:`ROLES` order, each starting with the role's name."""
         return [self.roles[r].line() for r in ROLES if r in self.roles]
 
+    def starts_processes(self) -> bool:
+        """Whether the controller's process starts processes of its own (a :class:`ProcessGroup`'s
+        children): a role placed in processes, but environment workers only where the rollout
+        workers are threads of the controller (else each rollout worker starts its own)."""
+        env_here = "env" in self.roles and self.roles["env"].where == "process" and self.roles["rollout"].where == "thread"
+        return env_here or any(p.where == "process" for r, p in self.roles.items() if r != "env")
+
     def ray_actors(self) -> dict[str, int]:
         """The roles that run as Ray actors and how many actors each, every pool counted (the reservation's)."""
         counts = {r: p.count * p.pools - (r == "policy") for r, p in self.roles.items() if p.where == "ray"}

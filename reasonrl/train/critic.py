@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModel
 
-from reasonrl.models.loading import DTYPES
+from reasonrl.models.loading import torch_dtype
 from reasonrl.models.decoder import LeanDecoder, unsupported_reason
 from reasonrl.train.logprobs import per_token_scores, response_hidden, sequence_inputs
 from reasonrl.types import RolloutBatch
@@ -20,8 +20,8 @@ from reasonrl.types import RolloutBatch
 class Critic(torch.nn.Module):
     def __init__(self, path: str | Path, dtype: str = "float32") -> None:
         super().__init__()
-        self.body = AutoModel.from_pretrained(str(path), dtype=DTYPES[dtype], local_files_only=True)
-        self.value_head = torch.nn.Linear(self.body.config.hidden_size, 1, dtype=DTYPES[dtype])
+        self.body = AutoModel.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True)
+        self.value_head = torch.nn.Linear(self.body.config.hidden_size, 1, dtype=torch_dtype(dtype))
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
 

@@ -60,7 +60,8 @@ from typing import Any, Callable
 import torch
 
 from reasonrl.config import Config, EnvConfig
-from reasonrl.warmstart.sft import cache_root, sft_model, sft_step
+from reasonrl.warmstart.cache import cache_root
+from reasonrl.warmstart.sft import sft_model, sft_step
 from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.env.base import Env
 from reasonrl.env.pool import EnvPool

@@ -4,7 +4,7 @@ The tiny model is trained on worked solutions of the embedded task until its gre
 accuracy on held-out problems reaches ``sft.target_acc`` (on purpose well below
 perfect, so that reinforcement learning has room to improve it), then saved with its
 tokenizer as a Hugging Face model directory under
-``$REASONRL_CACHE/warmstart/<hash of the settings>/`` (default cache: ``~/.cache/reasonrl``).
+``$REASONRL_CACHE/warmstart/<hash of the settings>/`` (:mod:`reasonrl.warmstart.cache`).
 A second call with the same settings only returns the directory. The shipped environments
 (``env.name`` grid, tool_arith) have warm starts of their own: :mod:`reasonrl.warmstart.env`,
 which :func:`reasonrl.warmstart.resolve_model_dir` picks for them.
@@ -12,12 +12,10 @@ which :func:`reasonrl.warmstart.resolve_model_dir` picks for them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -30,18 +28,7 @@ from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.reward.math import dapo_score
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.types import SamplingParams
-
-FORMAT_VERSION = 2
-"""Bump when the task, tokenizer or training code changes what a cached model is."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("REASONRL_CACHE", Path.home() / ".cache" / "reasonrl"))
-
-
-def warm_start_dir(cfg: SFTConfig, families: tuple[str, ...]) -> Path:
-    key = json.dumps({"sft": asdict(cfg), "families": list(families), "v": FORMAT_VERSION}, sort_keys=True)
-    return cache_root() / "warmstart" / hashlib.sha256(key.encode()).hexdigest()[:16]
+from reasonrl.warmstart.cache import warm_start_dir
 
 
 def ensure_warm_start(cfg: SFTConfig, families: tuple[str, ...], log: Callable[[str], None] = print) -> Path:

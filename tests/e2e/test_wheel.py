@@ -27,7 +27,7 @@ import yaml
 
 from reasonrl.cli import RECIPES
 from reasonrl.config import load
-from reasonrl.warmstart.sft import warm_start_dir
+from reasonrl.warmstart.cache import warm_start_dir
 from reasonrl.metrics import read_jsonl
 
 pytestmark = pytest.mark.slow

@@ -70,6 +70,16 @@ def test_a_dry_run_with_a_bad_data_path_fails_at_once_without_loading_a_model(tm
     assert not (tmp_path / "run").exists()
 
 
+def test_the_checks_before_an_embedded_run_load_no_model_code(tmp_path):
+    """What the supervisor runs before its trainer (a dry run: the same checks) tokenises with
+    the generic tokenizer alone: no model class of transformers, no warm-start trainer."""
+    script = ("import sys; from reasonrl.cli import main; code = main(sys.argv[1:]); "
+              "print(code, *(m in sys.modules for m in ('transformers.modeling_utils', 'reasonrl.warmstart.sft')))")
+    proc = subprocess.run([sys.executable, "-c", script, "train", "dapo", "--dry-run", f"run.dir={tmp_path / 'run'}",
+                           "data.train_size=64"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.stdout.split()[-3:] == ["0", "False", "False"], proc.stdout + proc.stderr
+
+
 def test_a_dry_run_checks_everything_prints_the_plan_and_writes_nothing(capsys, model_dir, tmp_path):
     run = tmp_path / "run"
     code, out, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2))

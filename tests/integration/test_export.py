@@ -15,7 +15,7 @@ from reasonrl.checkpoint import CheckpointWriter, load_checkpoint
 from reasonrl.checkpoint.export import MARKER, PROBES, export_model, training_tokenizer, write_model_dir
 from reasonrl.config import dump, load
 from reasonrl.controller import Controller
-from reasonrl.models.loading import DTYPES, build_tiny_model, load_model, load_tokenizer
+from reasonrl.models.loading import build_tiny_model, load_model, load_tokenizer, torch_dtype
 from reasonrl.data.tokenizer import CHAT_TEMPLATE, build_char_tokenizer
 from reasonrl.errors import InputError
 from tests.conftest import tiny_run
@@ -32,7 +32,7 @@ def fake_run(root, model_dir, steps=(1, 3), dtype="float32"):
     config = AutoConfig.from_pretrained(model_dir)
     for step in steps:
         torch.manual_seed(100 + step)
-        weights = AutoModelForCausalLM.from_config(config).to(DTYPES[dtype]).state_dict()
+        weights = AutoModelForCausalLM.from_config(config).to(torch_dtype(dtype)).state_dict()
         writer.save(step, {"policy": weights}, {"policy": {"optimizer": {}, "version": step}})
     return run
 

@@ -16,7 +16,7 @@ from reasonrl.config import EnvConfig, load
 from reasonrl import warmstart
 from reasonrl.models.loading import load_tokenizer
 from reasonrl.data.tokenizer import build_char_tokenizer
-from reasonrl.warmstart import env as W
+from reasonrl.warmstart import env as W, sft as S
 from reasonrl.env.pool import EnvPool
 from reasonrl.env.splits import HELD_OUT_SEED
 from reasonrl.errors import InputError
@@ -174,7 +174,7 @@ class NotShipped:
 
 @pytest.mark.parametrize("name", ["", "tests.unit.test_env_warmstart:NotShipped"])
 def test_other_envs_get_the_embedded_warm_start(cache, monkeypatch, name):
-    monkeypatch.setattr(warmstart, "ensure_warm_start", lambda cfg, families, log=print: ("embedded", cfg, families))
+    monkeypatch.setattr(S, "ensure_warm_start", lambda cfg, families, log=print: ("embedded", cfg, families))
     cfg = load(None, [f"env.name={name}"] if name else [])
     assert warmstart.resolve_model_dir(cfg) == ("embedded", cfg.sft, cfg.data.families)
     assert warmstart.resolve_model_dir(load(None, ["model.path=/some/model", "env.name=grid"])).as_posix() == "/some/model"

@@ -23,8 +23,12 @@ def where(overrides):
 def test_sync_shares_the_policy_module_on_a_gpu_and_rollout_workers_get_processes_elsewhere():
     roles, topology = where(["run.device=cuda"])
     assert roles == {"policy": ("inline", 1, ""), "rollout": ("thread", 1, "policy"), "reward": ("inline", 1, "")}
-    roles, _ = where([])  # a CPU: a process decodes faster than a thread beside the trainer
-    assert roles["rollout"] == ("process", 1, "")
+    assert not topology.starts_processes()
+    roles, topology = where([])  # a CPU: a process decodes faster than a thread beside the trainer
+    assert roles["rollout"] == ("process", 1, "") and topology.starts_processes()
+    # environment workers are the controller's children only where the rollout workers are its threads
+    assert where(["run.device=cuda", "env.name=grid", "runtime.roles.env.count=2"])[1].starts_processes()
+    assert not where(["runtime.engine=ray", "env.name=grid", "runtime.roles.env.count=2"])[1].starts_processes()
     roles, _ = where(["rollout.mode=async", "runtime.roles.rollout.count=2", "runtime.roles.rollout.threads=1",
                       "runtime.roles.reward.count=2", "algo.kl_loss_coef=0.01"])
     assert roles == {"policy": ("inline", 1, ""), "reference": ("inline", 1, ""), "rollout": ("process", 2, ""),

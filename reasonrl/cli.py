@@ -89,7 +89,7 @@ def _train_here(cfg) -> int:
 
     topology = plan(cfg)
     if topology.starts_processes():
-        start_forkserver()
+        start_forkserver(("reasonrl.build",))  # where every role's factory is, or what imports it
     from reasonrl.controller import Controller
     from reasonrl.resilience.rundir import follow_supervisor
 

@@ -42,13 +42,14 @@ from reasonrl.runtime.group import WorkerDied, WorkerTimeout, gather
 
 _CLOSE = "close"
 
-PRELOAD = ("torch", "reasonrl.workers")
+PRELOAD = ("torch", "transformers.models.llama.modeling_llama", "reasonrl.workers")
 """Modules the forkserver imports once, before it forks the first child (with the factory's
 module), where this process has imported torch itself (a trainer, a worker, a test session:
 its groups hold models): whichever group starts first, every child then begins with torch,
-transformers and the worker classes loaded instead of importing them again (seconds each). A
-process without torch (``reasonrl env-check``, whose environment workers need none of it)
-preloads the factory's module only."""
+transformers' model classes (which :mod:`reasonrl.models.loading` imports only when it loads a
+model; Llama: the embedded model's) and the worker classes loaded instead of importing them
+again within its start timeout (seconds each). A process without torch (``reasonrl env-check``,
+whose environment workers need none of it) preloads the factory's module only."""
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -56,13 +57,14 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
-def start_forkserver() -> None:
-    """Start this process's forkserver now, with :data:`PRELOAD`, where there is one: its imports
-    (seconds) then run beside the caller's own instead of after them, when the first group
-    starts. Groups started later fork from it; a child imports its factory's module itself."""
+def start_forkserver(factory_modules: tuple[str, ...]) -> None:
+    """Start this process's forkserver now, where there is one, preloading :data:`PRELOAD` and
+    the modules of the factories its groups will use: its imports (seconds) then run beside the
+    caller's own instead of after them, when the first group starts, and a child begins with its
+    factory loaded, as when the group starts the forkserver."""
     ctx = _context()
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(list(PRELOAD))
+        ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *factory_modules])))
         multiprocessing.forkserver.ensure_running()
 
 

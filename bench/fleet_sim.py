@@ -483,6 +483,7 @@ def summarize(args, run_dir: Path, clock: SimClock, steps: list[dict], seconds_p
         "steps": len(steps),
         "steps_measured": len(measured),
         "step_s_median": round(sim(statistics.median(s["step_s"] for s in measured)), 3),
+        "step_s_mean": round(run_s / len(measured), 3),
         "ettr": round(ettr["ettr"], 4),
         "ledger_ok": ledger.ok,
         "ledger": dict(ledger.counts),
@@ -569,6 +570,8 @@ def simulate(args, seeds: list[int], machine: dict, commit: str) -> dict:
         out["fault_free"] = combined(runs["free"])
         free, faulty = out["fault_free"]["trainer_idle_s_per_step"], out["trainer_idle_s_per_step"]
         out["idle_vs_fault_free"] = round(faulty / free, 4) if free else None
+        # the idle seconds a step the faults add, as a share of the fault-free step
+        out["idle_rise_vs_step"] = round((faulty - free) / out["fault_free"]["step_s_mean"], 4)
     if runs["overhead"]:
         out["overhead"] = combined(runs["overhead"])
     out["runs"] = runs
@@ -588,6 +591,7 @@ def combined(runs: list[dict]) -> dict:
         "trainer_idle_frac": median("trainer_idle_frac"),
         "trainer_idle_s_per_step": median("trainer_idle_s_per_step"),
         "step_s_median": median("step_s_median"),
+        "step_s_mean": median("step_s_mean"),
         "trained_samples_per_s": median("trained_samples_per_s"),
         "throughput_vs_ideal": median("throughput_vs_ideal"),
         "staleness": {str(k): v for k, v in sorted(staleness.items())},

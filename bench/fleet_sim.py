@@ -301,29 +301,50 @@ class SimGroup:
 
 
 # ---------------------------------------------------------------- faults
+FAULT_KINDS = ("death", "hang", "slow", "leave")
+"""What the fault script can do to the simulated workers."""
+
+
+def parse_at(text: str) -> list[tuple[float, str, dict]]:
+    """``--at``: comma-separated ``kind@seconds[:worker=W][:factor=F]`` items (kind one of
+    :data:`FAULT_KINDS`; ``worker`` for a death, hang or slow worker, else one drawn among the
+    running ones; ``factor`` for slow, default 3)."""
+    script = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        head, *options = item.split(":")
+        kind, _, at = head.partition("@")
+        fields = dict(option.split("=", 1) for option in options)
+        if kind not in FAULT_KINDS or not at or not set(fields) <= {"worker", "factor"}:
+            raise SystemExit(f"--at {item!r}: expected kind@seconds[:worker=W][:factor=F], kind one of "
+                             f"{', '.join(FAULT_KINDS)}")
+        parsed: dict[str, Any] = {"factor": float(fields.get("factor", 3.0))} if kind == "slow" else {}
+        if "worker" in fields:
+            parsed["worker"] = int(fields["worker"])
+        script.append((float(at), kind, parsed))
+    return script
+
+
 def fault_script(args, workers: int) -> list[tuple[float, str, dict]]:
-    """(modelled time, kind, fields) of every scripted fault, in time order: deaths, hangs and
-    leaves at even intervals (``--deaths-per-min``, ``--hangs-per-min``, ``--leaves-per-min``;
-    the first death after one interval, the first hang after 1.5, the first leave after 1.25,
-    so that kinds of equal rates do not coincide), each death or hang on a running worker drawn
-    with ``--fault-seed``, each leave the last worker's; ``--slow K:F`` slows K workers F times
-    from the start."""
+    """(modelled time, kind, fields) of every scripted fault, in time order: those of ``--at``,
+    and deaths, hangs and leaves at even intervals (``--deaths-per-min``, ``--hangs-per-min``,
+    ``--leaves-per-min``; the first death after one interval, the first hang after 1.5, the
+    first leave after 1.25, so that kinds of equal rates do not coincide); ``--slow K:F`` slows
+    K workers drawn with ``--fault-seed`` F times from the start. A death, hang or slow worker
+    without a ``worker`` hits one drawn among the running ones when it happens (``pick``, a
+    uniform drawn here with ``--fault-seed``); a leave is always the last worker's."""
     rng = random.Random(args.fault_seed)
-    script: list[tuple[float, str, dict]] = []
-    for kind, rate, offset in (("die", args.deaths_per_min, 0.0), ("freeze", args.hangs_per_min, 0.5),
+    script = parse_at(args.at)
+    for kind, rate, offset in (("death", args.deaths_per_min, 0.0), ("hang", args.hangs_per_min, 0.5),
                                ("leave", args.leaves_per_min, 0.25)):
         if rate > 0:
             every = 60.0 / rate
             script += [(every * (k + offset), kind, {}) for k in range(1, int(args.horizon_s / every) + 1)]
     if args.slow:
         count, factor = args.slow.split(":")
-        for w in rng.sample(range(workers), int(count)):
-            script.append((0.0, "slow", {"worker": w, "factor": float(factor)}))
+        script += [(0.0, "slow", {"worker": w, "factor": float(factor)}) for w in rng.sample(range(workers), int(count))]
     script.sort(key=lambda e: e[0])
-    for i, (at, kind, fields) in enumerate(script):
-        if kind in ("die", "freeze"):
-            script[i] = (at, kind, {"pick": rng.random()})
-    return script
+    return [(at, kind, fields if "worker" in fields or kind == "leave" else {**fields, "pick": rng.random()})
+            for at, kind, fields in script]
 
 
 class FaultRunner:
@@ -349,15 +370,17 @@ class FaultRunner:
                 if g.size <= 1:
                     continue
                 record = {"fault": kind, "worker": g.leave()}
-            elif kind == "slow":
-                record = {"fault": kind, "worker": fields["worker"], "factor": fields["factor"],
-                          "pid": g.slow(fields["worker"], fields["factor"])}
-            else:  # a worker whose process still runs (a dead or frozen one not replaced yet is spared)
-                alive = g.running()
-                if not alive:
-                    continue
-                worker = alive[int(fields["pick"] * len(alive))]
-                record = {"fault": kind, "worker": worker, "pid": (g.die if kind == "die" else g.freeze)(worker)}
+            else:
+                if "worker" in fields:
+                    worker = fields["worker"]
+                else:  # a worker whose process still runs (a dead or stopped one not replaced yet is spared)
+                    alive = g.running()
+                    if not alive:
+                        continue
+                    worker = alive[int(fields["pick"] * len(alive))]
+                act = {"death": g.die, "hang": g.freeze, "slow": lambda w: g.slow(w, fields["factor"])}[kind]
+                record = {"fault": kind, "worker": worker, "pid": act(worker),
+                          **({"factor": fields["factor"]} if kind == "slow" else {})}
             record["at_s"] = round(at, 3)
             self.applied.append(record)
             self.emit("sim_fault", **record)
@@ -380,13 +403,15 @@ def model_dir(root: Path) -> Path:
 
 
 def sim_config(args, run_dir: Path, seconds_per_token: float):
-    """The DAPO recipe with the simulated fleet's settings (``rollout.backend=sim``)."""
-    scale = args.time_scale
+    """The DAPO recipe with the simulated fleet's settings (``rollout.backend=sim``), on the
+    recorded run's task families and response limit."""
+    scale, workload = args.time_scale, Workload.load()
     overrides = [
         f"run.dir={run_dir}", f"run.seed={args.seed}", f"train.total_steps={args.steps}",
         f"train.prompts_per_step={args.prompts_per_step}", f"train.mini_batch_size={args.prompts_per_step * 8}",
         "train.micro_batch_size=8", "rollout.backend=sim", f"rollout.sim_seconds_per_token={seconds_per_token}",
-        f"rollout.max_new_tokens={Workload.load().max_new_tokens}",  # the recorded lengths as they are
+        f"rollout.max_new_tokens={workload.max_new_tokens}",  # the recorded lengths as they are
+        f"data.families=[{','.join(workload.recorded['families'])}]",  # the recorded run's prompts
         f"rollout.sim_time_scale={scale}", f"rollout.max_staleness={args.staleness}", "rollout.mode=async",
         f"runtime.roles.rollout.count={args.workers}", f"runtime.roles.rollout.timeout_s={args.timeout_s * scale}",
         f"resilience.rollout_restarts={args.max_restarts}", f"resilience.slow_min_s={0.5 * scale}",
@@ -521,6 +546,8 @@ def add_sim_arguments(group) -> None:
     group.add_argument("--hangs-per-min", type=float, default=0.0, help="worker hangs per modelled minute")
     group.add_argument("--leaves-per-min", type=float, default=0.0, help="workers leaving per modelled minute")
     group.add_argument("--slow", default="", help="K:F: K workers, drawn with --fault-seed, F times slower from the start")
+    group.add_argument("--at", default="",
+                       help="faults at given times: kind@seconds[:worker=W][:factor=F],... (death, hang, slow, leave)")
     group.add_argument("--fault-seed", type=int, default=0, help="seed of the workers the faults hit")
     group.add_argument("--max-restarts", type=int, default=10000, help="resilience.rollout_restarts")
     group.add_argument("--no-compare", action="store_true", help="skip the fault-free run of each seed")
@@ -548,6 +575,7 @@ def simulate(args, seeds: list[int], machine: dict, commit: str) -> dict:
                   "update_s": args.update_s, "start_s": args.start_s, "timeout_s": args.timeout_s,
                   "time_scale": args.time_scale, "deaths_per_min": args.deaths_per_min,
                   "hangs_per_min": args.hangs_per_min, "leaves_per_min": args.leaves_per_min, "slow": args.slow,
+                  "at": args.at,
                   "max_new_tokens": workload.max_new_tokens, "lengths": "as recorded, not stretched",
                   "mean_length": round(workload.mean_length(), 3), "workload": workload.recorded},
     }
@@ -637,6 +665,7 @@ def record_workload(run_dir: Path, command: str, commit: str) -> dict:
                      "rollout.max_new_tokens differs, and says so)."),
             "command": command,
             "commit": commit,
+            "families": list(resolved["data"]["families"]),
         },
         "max_new_tokens": limit,
         "lengths": lengths,

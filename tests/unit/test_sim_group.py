@@ -8,7 +8,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from bench.fleet_sim import SimClock, SimGroup, fault_script
+from bench.fleet_sim import SimClock, SimGroup, fault_script, parse_at
 from reasonrl.runtime import WorkerDied
 
 
@@ -77,10 +77,14 @@ def test_a_leaving_worker_takes_no_new_calls_and_finishes_the_ones_it_holds():
 def test_the_fault_script_spaces_the_kinds_and_draws_its_workers_from_a_seed():
     class Args:
         deaths_per_min, hangs_per_min, leaves_per_min, slow, fault_seed, horizon_s = 1.0, 0.5, 0.0, "2:3", 5, 300.0
+        at = "hang@10:worker=3,leave@20,slow@5:factor=2"
 
     script = fault_script(Args, 8)
     assert [(at, kind) for at, kind, _ in script] == [
-        (0.0, "slow"), (0.0, "slow"), (60.0, "die"), (120.0, "die"), (180.0, "die"), (180.0, "freeze"),
-        (240.0, "die"), (300.0, "die"), (300.0, "freeze")]
+        (0.0, "slow"), (0.0, "slow"), (5.0, "slow"), (10.0, "hang"), (20.0, "leave"), (60.0, "death"),
+        (120.0, "death"), (180.0, "death"), (180.0, "hang"), (240.0, "death"), (300.0, "death"), (300.0, "hang")]
     assert script == fault_script(Args, 8)
-    assert len({f["worker"] for _, kind, f in script if kind == "slow"}) == 2
+    assert len({f["worker"] for _, kind, f in script[:2]}) == 2 and script[3][2] == {"worker": 3}
+    assert script[2][2]["factor"] == 2.0 and 0 <= script[2][2]["pick"] < 1 and script[4][2] == {}
+    with pytest.raises(SystemExit, match="kind@seconds"):
+        parse_at("explode@3")

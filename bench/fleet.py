@@ -40,7 +40,7 @@ settings hash the same; it is built once, before any timed run.
    (``idle_vs_fault_free``), the throughput against the ideal for that count, the staleness
    distribution, groups moved, seconds lost and join times, in modelled seconds.
 
-    python bench/fleet.py --simulate [--workers 64] [--staleness 1] [--seeds 0,1,2] [--steps 30] [--deaths-per-min 1]
+    python bench/fleet.py --simulate [--workers 64] [--staleness 1] [--seeds 0,1,2] [--steps 20] [--deaths-per-min 1]
 
 ``--record-workload RUN_DIR`` writes the sim backend's recorded workload
 (``reasonrl/rollout/sim_workload.json``) from a finished run with kept samples.
@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument("--simulate", action="store_true",
                         help="the fleet at --workers workers by simulation (bench/fleet_sim.py; the options under 'simulation')")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--steps", type=int, default=None, help="training steps a run (default 8; simulated: 30)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps a run (default 8; simulated: 20)")
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the figures")
     parser.add_argument("--base", default=None, help="a checkout of older code to compare the 1-worker configurations with")
     parser.add_argument("--base-threads-key", default="rollout.threads",

@@ -533,7 +533,7 @@ def add_sim_arguments(group) -> None:
     group.add_argument("--workers", type=int, default=64, help="rollout workers, 1 to 64")
     group.add_argument("--staleness", type=int, default=1, help="rollout.max_staleness, 0 to 4 (async)")
     group.add_argument("--prompts-per-step", type=int, default=None, help="train.prompts_per_step (default 2 per worker)")
-    group.add_argument("--seconds-per-token", type=float, default=0.1,
+    group.add_argument("--seconds-per-token", type=float, default=0.03,
                        help="modelled seconds a worker spends per generated token (rollout.sim_seconds_per_token)")
     group.add_argument("--update-s", type=float, default=40.0, help="modelled seconds of the trainer's update a step")
     group.add_argument("--start-s", type=float, default=20.0,
@@ -541,7 +541,7 @@ def add_sim_arguments(group) -> None:
     group.add_argument("--timeout-s", type=float, default=120.0,
                        help="modelled seconds a worker may be silent (runtime.roles.rollout.timeout_s)")
     group.add_argument("--collect-timeout-s", type=float, default=3600.0, help="modelled seconds a collect may take")
-    group.add_argument("--time-scale", type=float, default=0.05, help="real seconds per modelled second")
+    group.add_argument("--time-scale", type=float, default=0.1, help="real seconds per modelled second")
     group.add_argument("--deaths-per-min", type=float, default=1.0, help="worker deaths per modelled minute")
     group.add_argument("--hangs-per-min", type=float, default=0.0, help="worker hangs per modelled minute")
     group.add_argument("--leaves-per-min", type=float, default=0.0, help="workers leaving per modelled minute")
@@ -564,7 +564,7 @@ def simulate(args, seeds: list[int], machine: dict, commit: str) -> dict:
         raise SystemExit(f"--workers {args.workers}: expected 1 to 64")
     if not 0 <= args.staleness <= 4:
         raise SystemExit(f"--staleness {args.staleness}: expected 0 to 4")
-    args.steps = args.steps or 30
+    args.steps = args.steps or 20
     args.prompts_per_step = args.prompts_per_step or 2 * args.workers
     args.horizon_s = 86400.0
     workload = Workload.load()

@@ -1,4 +1,5 @@
-"""The rollout fleet: 1 and 2 rollout workers in sync and async, and its cost against older code; one JSON line.
+"""The rollout fleet: 1 and 2 rollout workers in sync and async, its cost against older code, and 1 to 64 workers
+by simulation; one JSON line.
 
 Two measurements on the DAPO recipe (the embedded task and warm start, 16 prompts x 8
 samples a step), each run ``reasonrl train`` in a fresh process for ``--steps`` steps, the
@@ -46,6 +47,20 @@ settings hash the same; it is built once, before any timed run.
 
     python bench/fleet.py [--seeds 0,1,2] [--steps 8] [--warmup 2] [--base /path/to/older/checkout]
     python bench/fleet.py --delta [--delta-layers 24] [--delta-steps 3] [--delta-lrs recipe,1e-6]
+
+4. **The fleet at scale, simulated** (``--simulate``, :mod:`bench.fleet_sim`): ``--workers``
+   1 to 64 at ``--staleness`` 0 to 4 over the latency-model backend (``rollout.backend=sim``)
+   and a trainer whose update takes ``--update-s`` modelled seconds, per seed a fault-free
+   run and one with the scripted faults (``--deaths-per-min``, ``--hangs-per-min``,
+   ``--slow K:F``, ``--leaves-per-min``); the JSON line (``"simulated": true``) has ``ettr``,
+   ``ledger_ok``, the trainer's idle share and seconds a step against the fault-free run's
+   (``idle_vs_fault_free``), the throughput against the ideal for that count, the staleness
+   distribution, groups moved, seconds lost and join times, in modelled seconds.
+
+    python bench/fleet.py --simulate [--workers 64] [--staleness 1] [--seeds 0,1,2] [--steps 20] [--deaths-per-min 1]
+
+``--record-workload RUN_DIR`` writes the sim backend's recorded workload
+(``reasonrl/rollout/sim_workload.json``) from a finished run with kept samples.
 """
 
 from __future__ import annotations
@@ -65,8 +80,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.fleet_sim import add_sim_arguments, record_workload, simulate  # noqa: E402
 from bench.machine_load import busy_jiffies  # noqa: E402
 from reasonrl.metrics import read_jsonl  # noqa: E402
+from reasonrl.rollout.sim import WORKLOAD  # noqa: E402
 from reasonrl.runtime import available_cores  # noqa: E402
 
 ROWS_PER_STEP = 16 * 8
@@ -264,8 +281,10 @@ def delta_sync(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--simulate", action="store_true",
+                        help="the fleet at --workers workers by simulation (bench/fleet_sim.py; the options under 'simulation')")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=None, help="training steps a run (default 8; simulated: 20)")
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the figures")
     parser.add_argument("--base", default=None, help="a checkout of older code to compare the 1-worker configurations with")
     parser.add_argument("--base-threads-key", default="rollout.threads",
@@ -277,12 +296,25 @@ def main() -> None:
     parser.add_argument("--delta-steps", type=int, default=3, help="updates per learning rate")
     parser.add_argument("--delta-lrs", default="recipe,1e-6", help="learning rates; 'recipe': the DAPO recipe's")
     parser.add_argument("--delta-seed", type=int, default=0)
+    add_sim_arguments(parser.add_argument_group("simulation (--simulate; times in modelled seconds)"))
+    parser.add_argument("--record-workload", metavar="RUN_DIR", default=None,
+                        help="write the sim backend's workload (reasonrl/rollout/sim_workload.json) from a finished run")
+    parser.add_argument("--record-command", default="", help="with --record-workload: the command that made the run")
     args = parser.parse_args()
     if args.delta:
         out = {"bench": "fleet", "section": "delta_sync", "machine": machine(), "commit": commit(ROOT)}  # the code that runs
         print(json.dumps({**out, "delta_sync": delta_sync(args)}))
         return
     seeds = [int(s) for s in args.seeds.split(",")]
+    if args.record_workload:
+        workload = record_workload(Path(args.record_workload), args.record_command, commit(ROOT))
+        WORKLOAD.write_text(json.dumps(workload, indent=1) + "\n")
+        print(json.dumps(workload))
+        return
+    if args.simulate:
+        print(json.dumps(simulate(args, seeds, machine(), commit(ROOT))))
+        return
+    args.steps = args.steps or 8
     out: dict = {"bench": "fleet", "machine": machine(), "steps": args.steps, "warmup": args.warmup, "seeds": seeds}
     out["commit"] = commit(ROOT)
     for code in [ROOT] + ([Path(args.base).resolve()] if args.base else []):  # each code's warm start, before any timed run

@@ -32,6 +32,9 @@ BACKENDS: dict[str, Capabilities] = {
     "fast": Capabilities(continues=True, interrupts=True, streams=True, trainer_numerics=True),
     "hf": Capabilities(continues=True, interrupts=False, streams=False, trainer_numerics=True),
     "vllm": Capabilities(continues=False, interrupts=False, streams=False, trainer_numerics=False),
+    # sim: a latency model. It does not stream: the fleet polls streaming workers with waits of
+    # real seconds, which a time-scaled simulation would stretch by 1 / rollout.sim_time_scale.
+    "sim": Capabilities(continues=False, interrupts=False, streams=False, trainer_numerics=False),
 }
 """``rollout.backend`` -> what it can do (the keys are ``RolloutConfig.backend``'s choices)."""
 

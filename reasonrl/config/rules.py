@@ -169,6 +169,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rollout.vllm_max_model_len": (lambda v: v is None or v >= 2, "null or >= 2"),
     "rollout.max_staleness": _NON_NEGATIVE,
+    "rollout.sim_seconds_per_token": _NON_NEGATIVE,
+    "rollout.sim_time_scale": _POSITIVE,
     "algo.eps_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "algo.eps_high": _NON_NEGATIVE,
     "algo.dual_clip": (lambda v: v is None or v > 1, "null or > 1"),

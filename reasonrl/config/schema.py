@@ -151,10 +151,18 @@ class RolloutConfig:
     """0 disables top-k."""
     max_new_tokens: int = 32
     """Responses longer than this are truncated."""
-    backend: Literal["hf", "fast", "vllm"] = "fast"
-    """'fast' (KV-cache decode loop of reasonrl), 'hf' (transformers generate, the reference) or
+    backend: Literal["hf", "fast", "vllm", "sim"] = "fast"
+    """'fast' (KV-cache decode loop of reasonrl), 'hf' (transformers generate, the reference),
     'vllm' (a vLLM engine in the trainer's process, weights synced before sampling; needs the
-    optional vllm package)."""
+    optional vllm package) or 'sim' (for benchmarks and tests only: a latency model with no
+    model, random tokens, response lengths drawn from a distribution recorded from a real run,
+    rollout.sim_seconds_per_token of modelled time per token; bench/fleet.py --simulate)."""
+    sim_seconds_per_token: float = 0.001
+    """backend=sim: the modelled seconds a rollout worker spends per generated token; a call
+    whose rows have L_1..L_B tokens takes sim_seconds_per_token * (L_1 + ... + L_B) modelled
+    seconds."""
+    sim_time_scale: float = 1.0
+    """backend=sim: real seconds per modelled second (0.01: a modelled minute passes in 0.6 s)."""
     cuda_graph: bool = True
     """On a CUDA device, the fast backend replays each decode step as one captured CUDA graph
     (every row kept to the end of the batch); false: eager steps, finished rows dropped. No

@@ -153,6 +153,16 @@ def model_context(path: str | Path) -> int:
         raise InputError(f"model.path: {config} has no readable max_position_embeddings ({error_line(err)})") from None
 
 
+def model_vocab_size(path: str | Path) -> int:
+    """The vocabulary size of the model in ``path``: ``vocab_size`` of its config.json;
+    InputError naming the file when it has none."""
+    config = Path(path) / "config.json"
+    try:
+        return int(json.loads(config.read_text(encoding="utf-8"))["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise InputError(f"model.path: {config} has no readable vocab_size ({error_line(err)})") from None
+
+
 def _tokenizer_class(path: Path) -> type:
     """PreTrainedTokenizerFast for a generic `tokenizers` file, else AutoTokenizer.
 

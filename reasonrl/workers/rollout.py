@@ -11,7 +11,7 @@ import torch
 
 from reasonrl.config import Config
 from reasonrl.config.capabilities import can
-from reasonrl.models.loading import load_eos_ids, load_model, load_tokenizer
+from reasonrl.models.loading import load_eos_ids, load_model, load_tokenizer, model_vocab_size
 from reasonrl.env.pool import EnvPool
 from reasonrl.precision import compute_context
 from reasonrl.rollout.agent_loop import AgentLoop
@@ -19,14 +19,19 @@ from reasonrl.rollout.fast import FastGenerator, GroupsDone, StreamResult
 from reasonrl.rollout.fleet import StreamOutbox
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.rollout.partial import PartialRollouts
+from reasonrl.rollout.sim import SimGenerator, Workload
 from reasonrl.rollout.weight_sync import apply_delta, verify
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams, WeightsDelta, WeightsUpdate
 
 
 def build_backend(cfg: Config, model_dir: Path, module: torch.nn.Module | None, pad_id: int, eos_ids: Sequence[int]):
     """The backend of ``rollout.backend`` over ``module``, stopping on any of ``eos_ids`` (vLLM
-    builds its own engine from ``model_dir``; it is imported only when chosen)."""
+    builds its own engine from ``model_dir``; it is imported only when chosen; the sim backend
+    reads only the vocabulary size there)."""
     r = cfg.rollout
+    if r.backend == "sim":
+        return SimGenerator(pad_id, eos_ids, model_vocab_size(model_dir), Workload.load(), r.sim_seconds_per_token,
+                            r.sim_time_scale)
     if r.backend == "fast":
         static = None if r.cuda_graph else False  # None: graphs on CUDA only
         return FastGenerator(module, pad_id, eos_ids, static_shapes=static)
@@ -86,10 +91,10 @@ class RolloutWorker:
         model_dir = Path(model_dir)
         tokenizer = load_tokenizer(model_dir)
         self.shares_weights = module is not None
-        if module is None and cfg.rollout.backend != "vllm":
+        if module is None and cfg.rollout.backend not in ("vllm", "sim"):  # these load no module here
             module = load_model(model_dir, cfg.model.dtype, cfg.run.device)
         self.module = module
-        """The module the backend samples with (the policy's own, or this worker's copy); None for vLLM."""
+        """The module the backend samples with (the policy's own, or this worker's copy); None for vLLM and sim."""
         self.eos_ids = load_eos_ids(model_dir, tokenizer)
         """Every id a sample ends on: the tokenizer's EOS and those of the model's generation config."""
         self.backend = build_backend(cfg, model_dir, module, tokenizer.pad_token_id, self.eos_ids)

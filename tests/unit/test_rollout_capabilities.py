@@ -12,9 +12,10 @@ from reasonrl.rollout.base import declares
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.rollout.partial import PartialRollouts
+from reasonrl.rollout.sim import SimGenerator
 from reasonrl.rollout.vllm import VLLMGenerator
 
-CLASSES = {"fast": FastGenerator, "hf": HFGenerator, "vllm": VLLMGenerator}
+CLASSES = {"fast": FastGenerator, "hf": HFGenerator, "vllm": VLLMGenerator, "sim": SimGenerator}
 CAPABILITIES = [f.name for f in dataclasses.fields(Capabilities)]
 
 

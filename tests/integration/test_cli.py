@@ -32,7 +32,7 @@ def test_config_keys_lists_every_key_with_type_default_help_and_the_recipe_value
     listed = {line.split("  (")[0]: line for line in out.splitlines() if not line.startswith(" ")}
     assert set(listed) == {k.key for k in keys_help()}
     assert listed["algo.eps_high"] == "algo.eps_high  (float, default 0.2; here: 0.28)"
-    assert listed["rollout.backend"].startswith("rollout.backend  (hf | fast | vllm, default \"fast\"")
+    assert listed["rollout.backend"].startswith("rollout.backend  (hf | fast | vllm | sim, default \"fast\"")
     help_lines = out.split("algo.eps_high  (")[1].splitlines()[1]
     assert help_lines.strip() == "Upper clip range (clip-higher when > eps_low)."
 

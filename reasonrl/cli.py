@@ -85,8 +85,10 @@ def _train_here(cfg) -> int:
     processes of this one, their forkserver starts first, so that its imports (torch,
     ``transformers``, the workers: seconds) run beside this process's own."""
     from reasonrl.runtime.process import start_forkserver
+    from reasonrl.runtime.scaling import scaled
     from reasonrl.runtime.topology import plan
 
+    cfg = scaled(cfg, cfg.run.dir)  # the counts reasonrl scale asked for: the plan is the controller's
     topology = plan(cfg)
     if topology.starts_processes():
         start_forkserver(("reasonrl.build",))  # where every role's factory is, or what imports it

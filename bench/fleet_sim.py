@@ -573,7 +573,7 @@ def simulate(args, seeds: list[int], machine: dict, commit: str) -> dict:
     scripted = bool(fault_script(args, args.workers))
     out: dict = {
         "bench": "fleet", "simulated": True, "machine": machine, "commit": commit, "seeds": seeds,
-        "workers": args.workers, "staleness": args.staleness, "steps": args.steps, "warmup": args.warmup,
+        "workers": args.workers, "max_staleness": args.staleness, "steps": args.steps, "warmup": args.warmup,
         "model": {"prompts_per_step": args.prompts_per_step, "n": 8, "seconds_per_token": args.seconds_per_token,
                   "update_s": args.update_s, "start_s": args.start_s, "timeout_s": args.timeout_s,
                   "time_scale": args.time_scale, "deaths_per_min": args.deaths_per_min,

@@ -554,7 +554,7 @@ def add_sim_arguments(group) -> None:
                        help="faults at given times: kind@seconds[:worker=W][:factor=F],... (death, hang, slow, leave)")
     group.add_argument("--fault-seed", type=int, default=0, help="seed of the workers the faults hit")
     group.add_argument("--max-restarts", type=int, default=10000, help="resilience.rollout_restarts")
-    group.add_argument("--no-compare", action="store_true", help="skip the fault-free run of each seed")
+    group.add_argument("--no-compare", action="store_true", help="skip the fault-free run of each seed (with faults scripted)")
     group.add_argument("--keep", default=None,
                        help="write the run directories here (reasonrl ledger DIR/<run> reads them); default: a temporary one")
     group.add_argument("--overhead", action="store_true",
@@ -562,8 +562,10 @@ def add_sim_arguments(group) -> None:
 
 
 def simulate(args, seeds: list[int], machine: dict, commit: str) -> dict:
-    """Per seed, the fault-free run and the run with the scripted faults (and with
-    ``--overhead`` the run with no modelled time); their figures and medians over seeds."""
+    """Per seed, the fault-free run and the run with the scripted faults (only the first when
+    no fault is scripted, only the second with ``--no-compare``; with ``--overhead`` also the
+    run with no modelled time); their figures and medians over seeds, the scripted run's at
+    the top (the fault-free run's when none is scripted)."""
     if not 1 <= args.workers <= 64:
         raise SystemExit(f"--workers {args.workers}: expected 1 to 64")
     if not 0 <= args.staleness <= 4:
@@ -572,9 +574,10 @@ def simulate(args, seeds: list[int], machine: dict, commit: str) -> dict:
     args.prompts_per_step = args.prompts_per_step or 2 * args.workers
     args.horizon_s = 86400.0
     workload = Workload.load()
+    scripted = bool(fault_script(args, args.workers))
     out: dict = {
         "bench": "fleet", "simulated": True, "machine": machine, "commit": commit, "seeds": seeds,
-        "workers": args.workers, "staleness": args.staleness, "steps": args.steps, "warmup": args.warmup,
+        "workers": args.workers, "max_staleness": args.staleness, "steps": args.steps, "warmup": args.warmup,
         "model": {"prompts_per_step": args.prompts_per_step, "n": 8, "seconds_per_token": args.seconds_per_token,
                   "update_s": args.update_s, "start_s": args.start_s, "timeout_s": args.timeout_s,
                   "time_scale": args.time_scale, "deaths_per_min": args.deaths_per_min,
@@ -588,8 +591,9 @@ def simulate(args, seeds: list[int], machine: dict, commit: str) -> dict:
         tmp = args.keep or tmp
         for seed in seeds:
             args.seed = seed
-            plan = [("free", args.seconds_per_token, args.update_s, True)] if not args.no_compare else []
-            plan.append(("faults", args.seconds_per_token, args.update_s, False))
+            plan = [("free", args.seconds_per_token, args.update_s, True)] if not (scripted and args.no_compare) else []
+            if scripted:
+                plan.append(("faults", args.seconds_per_token, args.update_s, False))
             if args.overhead:
                 plan.append(("overhead", 0.0, 0.0, True))
             for name, spt, update_s, fault_free in plan:
@@ -597,8 +601,8 @@ def simulate(args, seeds: list[int], machine: dict, commit: str) -> dict:
                 runs[name].append(result)
                 print(json.dumps({"run": name, **{k: v for k, v in result.items() if k != "faults_applied"}}),
                       file=sys.stderr, flush=True)
-    out.update(combined(runs["faults"]))
-    if runs["free"]:
+    out.update(combined(runs["faults"] or runs["free"]))  # no fault scripted: the fault-free figures
+    if runs["free"] and runs["faults"]:
         out["fault_free"] = combined(runs["free"])
         free, faulty = out["fault_free"]["trainer_idle_s_per_step"], out["trainer_idle_s_per_step"]
         out["idle_vs_fault_free"] = round(faulty / free, 4) if free else None

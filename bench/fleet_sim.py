@@ -56,7 +56,6 @@ from reasonrl.metrics import EventLog, StepLog, read_jsonl
 from reasonrl.models.loading import EMBEDDED_MAX_POSITIONS, load_tokenizer, model_context
 from reasonrl.resilience.ettr import WORKER_REPLACED, effective_time
 from reasonrl.resilience.guards import run_detectors
-from reasonrl.restarts import RestartPolicy
 from reasonrl.rollout.fleet import FLEET_CONCURRENT, RolloutFleet
 from reasonrl.rollout.sim import SimRewards, Workload
 from reasonrl.rollout.source import AsyncSource, RolloutProducer
@@ -437,11 +436,8 @@ def run_sim(args, seconds_per_token: float, update_s: float, fault_free: bool, r
     group = SimGroup(lambda: SlowableWorker(RolloutWorker(cfg, directory)), args.workers, name="rollout",
                      timeout_s=max(role.timeout_s, 60.0), clock=clock, start_s=args.start_s, concurrent=FLEET_CONCURRENT)
     fleet = RolloutFleet(group, pad_id=pad_id, streams=False, episodic=False, timeout_s=role.timeout_s,
-                         restarts=RestartPolicy(budget=cfg.resilience.rollout_restarts),
-                         group_retries=cfg.rollout.group_retries, failures=(WorkerDied, WorkerTimeout),
-                         quarantine_ratio=role.quarantine_ratio, quarantine_steps=role.quarantine_steps,
-                         quarantine_min_s=cfg.resilience.slow_min_s, detector=detector, clock=lambda: step + 1,
-                         emit=emit)
+                         max_restarts=cfg.resilience.rollout_restarts, failures=(WorkerDied, WorkerTimeout),
+                         detector=detector, clock=lambda: step + 1, emit=emit)
     producer = RolloutProducer(cfg, fleet, SimRewards(workload, cfg.run.seed), prompts, ids, pad_id)
 
     def launch() -> ThreadGroup:
@@ -474,6 +470,8 @@ def run_sim(args, seconds_per_token: float, update_s: float, fault_free: bool, r
                           "rows": r.size, "tokens": got.metrics["batch/generated_tokens"],
                           "staleness": (version - 1 - oldest).tolist()})
         events.emit("rollout_leftover", step, **source.leftover())
+        for collect, _, _ in list(source.outstanding):  # collects ahead end here, not beside the next run
+            collect.exception(timeout=args.collect_timeout_s * args.time_scale)
     finally:
         faults.stop()
         records.close()
@@ -497,6 +495,8 @@ def summarize(args, run_dir: Path, clock: SimClock, steps: list[dict], seconds_p
     run; the step time, the trainer's idle time and the throughput over the steps after
     ``--warmup``; the staleness of every trained group."""
     events = read_jsonl(run_dir / "events.jsonl")
+    ends = [i for i, e in enumerate(events) if e["kind"] == "rollout_leftover"]
+    events = events[: ends[-1] + 1] if ends else events  # the run ends at its leftover record
     ettr = effective_time(events, {i + 1: s["step_s"] for i, s in enumerate(steps)})
     replaced = [e for e in events if e["kind"] in WORKER_REPLACED]
     joined = [e for e in events if e["kind"] == "rollout_worker_joined"]

@@ -56,6 +56,7 @@ from reasonrl.metrics import EventLog, StepLog, read_jsonl
 from reasonrl.models.loading import EMBEDDED_MAX_POSITIONS, load_tokenizer, model_context
 from reasonrl.resilience.ettr import WORKER_REPLACED, effective_time
 from reasonrl.resilience.guards import run_detectors
+from reasonrl.restarts import RestartPolicy
 from reasonrl.rollout.fleet import FLEET_CONCURRENT, RolloutFleet
 from reasonrl.rollout.sim import SimRewards, Workload
 from reasonrl.rollout.source import AsyncSource, RolloutProducer
@@ -436,8 +437,11 @@ def run_sim(args, seconds_per_token: float, update_s: float, fault_free: bool, r
     group = SimGroup(lambda: SlowableWorker(RolloutWorker(cfg, directory)), args.workers, name="rollout",
                      timeout_s=max(role.timeout_s, 60.0), clock=clock, start_s=args.start_s, concurrent=FLEET_CONCURRENT)
     fleet = RolloutFleet(group, pad_id=pad_id, streams=False, episodic=False, timeout_s=role.timeout_s,
-                         max_restarts=cfg.resilience.rollout_restarts, failures=(WorkerDied, WorkerTimeout),
-                         detector=detector, clock=lambda: step + 1, emit=emit)
+                         restarts=RestartPolicy(budget=cfg.resilience.rollout_restarts),
+                         group_retries=cfg.rollout.group_retries, failures=(WorkerDied, WorkerTimeout),
+                         quarantine_ratio=role.quarantine_ratio, quarantine_steps=role.quarantine_steps,
+                         quarantine_min_s=cfg.resilience.slow_min_s, detector=detector, clock=lambda: step + 1,
+                         emit=emit)
     producer = RolloutProducer(cfg, fleet, SimRewards(workload, cfg.run.seed), prompts, ids, pad_id)
 
     def launch() -> ThreadGroup:

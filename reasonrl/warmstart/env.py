@@ -47,10 +47,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
-import shutil
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -60,7 +58,7 @@ from typing import Any, Callable
 import torch
 
 from reasonrl.config import Config, EnvConfig
-from reasonrl.warmstart.cache import cache_root
+from reasonrl.warmstart.cache import build_once, cache_root
 from reasonrl.warmstart.sft import sft_model, sft_step
 from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.env.base import Env
@@ -357,16 +355,9 @@ def ensure_env_warm_start(cfg: Config, log: Callable[[str], None] = print) -> Pa
     if cfg.env.name not in SPECS:
         raise ValueError(f"env.name = {cfg.env.name!r} has no warm start; expected one of {', '.join(SPECS)}")
     out = env_warm_start_dir(cfg)
-    if (out / "sft_summary.json").is_file():
-        return out
-    log(f"warm start: training the embedded model on {cfg.env.name} demonstrations (cached in {out})")
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    summary = train_env_sft(cfg, tmp, log)
-    (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+    if not (out / "sft_summary.json").is_file():
+        log(f"warm start: training the embedded model on {cfg.env.name} demonstrations (cached in {out})")
+    return build_once(out, lambda tmp: train_env_sft(cfg, tmp, log))
 
 
 def train_env_sft(cfg: Config, out_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:

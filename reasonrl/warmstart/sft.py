@@ -12,9 +12,6 @@ which :func:`reasonrl.warmstart.resolve_model_dir` picks for them.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -28,22 +25,15 @@ from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.reward.math import dapo_score
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.types import SamplingParams
-from reasonrl.warmstart.cache import warm_start_dir
+from reasonrl.warmstart.cache import build_once, warm_start_dir
 
 
 def ensure_warm_start(cfg: SFTConfig, families: tuple[str, ...], log: Callable[[str], None] = print) -> Path:
     """The cached warm-start model directory, training it first if it is not there yet."""
     out = warm_start_dir(cfg, families)
-    if (out / "sft_summary.json").is_file():
-        return out
-    log(f"warm start: training the embedded model (cached in {out})")
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    summary = train_sft(cfg, families, tmp, log)
-    (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+    if not (out / "sft_summary.json").is_file():
+        log(f"warm start: training the embedded model (cached in {out})")
+    return build_once(out, lambda tmp: train_sft(cfg, families, tmp, log))
 
 
 def greedy_accuracy(model, tokenizer, problems: list[tasks.Problem], max_new_tokens: int) -> float:

@@ -35,6 +35,7 @@ from reasonrl.rollout.weight_sync import WeightSender, sync_dtype
 from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
 from reasonrl.runtime.group import ThreadGroup
 from reasonrl.runtime.topology import Topology, pool_start, rank_threads, spawn, worker_args
+from reasonrl.runtime.scaling import ScaleSchedule
 from reasonrl.types import Prompt
 from reasonrl.warmstart import resolve_model_dir
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker
@@ -163,7 +164,7 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
             reward = RewardWorker(cfg, model_dir, pool_start(topology["reward"], reservation=reservation, emit=run.emit))
             if kinds & {"reward_timeout", "reward_error"}:
                 reward = FaultyRewards(reward, run.faults, run.clock)
-            producer = RolloutProducer(cfg, fleet, reward, prompts, ids, pad_id)
+            producer = RolloutProducer(cfg, fleet, reward, prompts, ids, pad_id, sizes=ScaleSchedule(cfg.run.dir).count)
         except BaseException:
             workers.close()
             raise

@@ -266,7 +266,8 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
 def cmd_scale(args: argparse.Namespace) -> int:
     """Ask a run for other worker counts (ROLE=N ...): kept in RUN_DIR/scale.json; a running run
-    applies a rollout count before its next step, reward and env counts when it next starts."""
+    applies a rollout count before its next step (with --at-step K, before the collect of step
+    K's batch), reward and env counts when it next starts."""
     from reasonrl.runtime.scaling import LIVE, request_scale
 
     counts = {}
@@ -275,9 +276,14 @@ def cmd_scale(args: argparse.Namespace) -> int:
         if not sep or not count.strip().isdigit():
             raise InputError(f"reasonrl scale: {item!r} is not ROLE=N (for example rollout=3)")
         counts[role.strip()] = int(count)
-    merged = request_scale(args.run_dir, counts)
+    merged = request_scale(args.run_dir, counts, at_step=args.at_step)
     for role, n in sorted(counts.items()):
-        when = "before its next step (if it is running), else when it starts" if role in LIVE else "when it next starts"
+        if args.at_step is not None:
+            when = f"from the collect of step {args.at_step}'s batch on, every worker serving before it"
+        elif role in LIVE:
+            when = "before its next step (if it is running), else when it starts"
+        else:
+            when = "when it next starts"
         print(f"{role}: {n} workers, applied {when}")
     print(f"kept in {Path(args.run_dir) / 'scale.json'}: {merged}")
     return 0
@@ -424,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "start), within runtime.roles.<role>.min/.max")
     p.add_argument("run_dir", help="the run directory (run.dir)")
     p.add_argument("counts", nargs="+", metavar="ROLE=N", help="rollout=3, reward=2, env=4")
+    p.add_argument("--at-step", type=int, default=None, metavar="K",
+                   help="rollout=N from the collect of step K's batch on (a schedule: a run started again, and a "
+                        "lockstep run, resize at the same collects); without it a rollout count replaces the schedule")
     p.set_defaults(fn=cmd_scale)
     p = sub.add_parser("report")
     p.add_argument("run_dirs", nargs="+")

@@ -563,6 +563,26 @@ class RolloutFleet:
                 self._scaler = threading.Thread(target=self._scale, name="reasonrl-rollout-scaler", daemon=True)
                 self._scaler.start()
 
+    @property
+    def target(self) -> int:
+        """The size last asked for (:meth:`resize`), or the size the fleet started with."""
+        with self._cond:
+            return self._target
+
+    def wait_resized(self, timeout_s: float) -> None:
+        """Wait until the fleet has the size last asked for with every worker of it serving (none
+        joining or leaving; a worker given up stays given up): a lockstep run resizes between two
+        collects, so each collect sees one size. FleetError past ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._scaler is not None or len(self._slots) != self._target or any(
+                    s.state in ("joining", "leaving") for s in self._slots):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise FleetError(f"the rollout fleet did not reach {self._target} serving workers within "
+                                     f"{timeout_s} s (runtime.roles.rollout.timeout_s)")
+                self._cond.wait(min(left, JOIN_WAIT_S))
+
     def _rejoin_kept(self, index: int) -> None:
         """A leaving worker asked back: the current weights, then service again."""
         try:
@@ -858,10 +878,12 @@ class RolloutFleet:
             self.detector.update("gen", task.worker, self.clock(), task.seconds, work=max(task.tokens, 1.0))
 
     def take_stats(self) -> dict[str, float]:
-        """``rollout/worker<i>/groups``, ``/tokens``, ``/busy_s`` since the last call, and
+        """``rollout/worker<i>/groups``, ``/tokens``, ``/busy_s`` since the last call, of every
+        worker in the fleet now and of every one that left since and served meanwhile, and
         ``rollout/live_workers`` now."""
         with self._cond:
-            out = {f"rollout/worker{i}/{k}": v for i, s in enumerate(self._stats) for k, v in s.items()}
+            out = {f"rollout/worker{i}/{k}": v for i, s in enumerate(self._stats)
+                   if i < len(self._slots) or any(s.values()) for k, v in s.items()}
             out["rollout/live_workers"] = float(sum(s.state == "live" for s in self._slots))
             self._stats = self._zero_stats()
         return out

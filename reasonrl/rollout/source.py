@@ -83,10 +83,16 @@ class RolloutProducer:
     and their token ids the training split. The sampler is seeded with ``run.seed``, and the
     group of the ``d``-th prompt drawn in the run samples with ``group_seed(run.seed, d)``
     (:func:`~reasonrl.rollout.seeds.group_seed`), whichever batch or worker generates it.
+    ``sizes(c)`` is the rollout count scheduled for the ``c``-th collect of the run, or None
+    (:class:`~reasonrl.runtime.scaling.ScaleSchedule`): before that collect the fleet is
+    resized to it, and every worker of the new size serves before the first group goes out.
     """
 
-    def __init__(self, cfg: Config, rollout, reward, prompts: list[Prompt], prompt_ids: list[list[int]], pad_id: int) -> None:
-        self.rollout, self.reward = rollout, reward
+    def __init__(self, cfg: Config, rollout, reward, prompts: list[Prompt], prompt_ids: list[list[int]], pad_id: int,
+                 sizes: Callable[[int], int | None] = lambda collect: None) -> None:
+        self.rollout, self.reward, self.sizes = rollout, reward, sizes
+        self.timeout_s = cfg.runtime.roles.rollout.timeout_s
+        self.collects = 0
         self.prompts, self.prompt_ids = prompts, prompt_ids
         t, r, a = cfg.train, cfg.rollout, cfg.algo
         self.sampler = PromptSampler(len(prompts), cfg.run.seed)
@@ -110,9 +116,15 @@ class RolloutProducer:
 
     def collect(self) -> Collected:
         """Generate and score one train batch's worth of groups (see :class:`RolloutScheduler`)."""
+        count = self.sizes(self.collects + 1)
+        if count is not None and count != self.rollout.target:
+            self.rollout.resize(count)
+            self.rollout.wait_resized(self.timeout_s)
+            self.rollout.emit("rollout_scaled", workers=count, collect=self.collects + 1)
         started = time.time()
         self._drawn = []
         batch, stats = self.scheduler.collect(self._next_prompts)
+        self.collects += 1
         n = self.scheduler.n
         fates = [_fate(s.state, s.reason) for s in self.scheduler.samples[::n]]
         draws = [[draw, row, fate] for (draw, row), fate in zip(self._drawn, fates, strict=True)]
@@ -158,14 +170,17 @@ class RolloutProducer:
         self.reward.resize(count)
 
     def state_dict(self) -> dict:
-        """``sampler``, ``draws`` (prompts drawn so far: the next draw's index, hence its seed) and
-        the reward worker's state. The rollout workers hold none: their weights are published
-        again after a restore."""
-        return {"sampler": self.sampler.state_dict(), "draws": self.draws, "reward": self.reward.state_dict()}
+        """``sampler``, ``draws`` (prompts drawn so far: the next draw's index, hence its seed),
+        ``collects`` (the collects so far: the next one's scheduled size) and the reward
+        worker's state. The rollout workers hold none: their weights are published again after
+        a restore."""
+        return {"sampler": self.sampler.state_dict(), "draws": self.draws, "collects": self.collects,
+                "reward": self.reward.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state["sampler"])
         self.draws = int(state["draws"])
+        self.collects = int(state["collects"])
         self.reward.load_state_dict(state["reward"])
 
     def close(self) -> None:

@@ -1,8 +1,10 @@
 """Scaling a run's workers while it runs: ``reasonrl scale RUN_DIR rollout=3``.
 
     request_scale(run_dir, {"rollout": 3})   # checked against the run's config, kept in RUN_DIR/scale.json
+    request_scale(run_dir, {"rollout": 3}, at_step=12)   # from the 12th batch's collect on
     cfg = scaled(cfg, run_dir)               # a (re)starting run takes the counts asked for
     watch = ScaleWatch(run_dir); watch.poll()   # a running run: the counts asked for since, or {}
+    ScaleSchedule(run_dir).count(12)         # the rollout count scheduled for the 12th collect, or None
     rule = IdleRule(cfg); rule.observe(idle_s, step_s)  # runtime.roles.rollout.scale_up_idle: a count, or None
 
 The counts asked for are kept in ``RUN_DIR/scale.json`` (written atomically), so a run started
@@ -12,6 +14,14 @@ the run grades in worker processes and the count stays >= 1 (the graders of trai
 validation keeps its own); the environment counts, and a reward count to or from 0, take effect
 when the run next starts. Every count stays within
 ``runtime.roles.<role>.min`` and ``.max`` of the run's config.
+
+A rollout count asked for ``at_step`` K joins the run's schedule (``scale.json``'s
+``schedule``: ``[step, count]`` pairs): the producer resizes the fleet before the collect of
+its K-th batch (the batch trained at step K in sync and lockstep runs) and waits until every
+worker of the new size serves. The count of collect c is that of the last pair with step <= c,
+so a run started again from a checkpoint has, collect for collect, the sizes the run before
+it had, and a lockstep run stays deterministic. A rollout count asked for without a step
+replaces the schedule.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from reasonrl.errors import InputError
 from reasonrl.metrics import write_atomic
 
 SCALE_FILE = "scale.json"
+SCHEDULE = "schedule"
 
 LIVE = ("rollout", "reward")
 """Roles whose count a running run changes between two steps (reward: the producer's graders,
@@ -38,18 +49,33 @@ def _path(run_dir: Path) -> Path:
     return Path(run_dir) / SCALE_FILE
 
 
-def requested(run_dir: str | Path) -> dict[str, int]:
-    """The counts asked for so far ({} when none was)."""
-    path = _path(Path(run_dir))
+def _read(run_dir: Path) -> dict:
+    """scale.json as it is: role counts, and ``schedule`` ([step, rollout count] pairs) when one was asked for."""
+    path = _path(run_dir)
     if not path.is_file():
         return {}
     try:
-        counts = json.loads(path.read_text(encoding="utf-8"))
+        kept = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise InputError(f"{path}: not a JSON object of role counts ({err}); remove it or run reasonrl scale again") from None
+    counts = {k: v for k, v in kept.items() if k != SCHEDULE} if isinstance(kept, dict) else kept
     if not isinstance(counts, dict) or not all(isinstance(v, int) and k in (*LIVE, *AT_START) for k, v in counts.items()):
-        raise InputError(f"{path}: expected {{role: count}} with roles among {', '.join((*LIVE, *AT_START))}, got {counts!r}")
-    return counts
+        raise InputError(f"{path}: expected {{role: count}} with roles among {', '.join((*LIVE, *AT_START))}, got {kept!r}")
+    pairs = kept.get(SCHEDULE, [])
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)
+                                              for p in pairs):
+        raise InputError(f"{path}: {SCHEDULE!r} must be a list of [step, rollout count] pairs, got {pairs!r}")
+    return kept
+
+
+def requested(run_dir: str | Path) -> dict[str, int]:
+    """The counts asked for so far, without a step ({} when none was)."""
+    return {k: v for k, v in _read(Path(run_dir)).items() if k != SCHEDULE}
+
+
+def schedule(run_dir: str | Path) -> list[tuple[int, int]]:
+    """The rollout counts asked for at a step, as (step, count) in step order ([] when none was)."""
+    return [(step, count) for step, count in _read(Path(run_dir)).get(SCHEDULE, [])]
 
 
 def check_counts(cfg: Config, counts: dict[str, int], source: str) -> None:
@@ -66,15 +92,30 @@ def check_counts(cfg: Config, counts: dict[str, int], source: str) -> None:
                              f"{bound}")
 
 
-def request_scale(run_dir: str | Path, counts: dict[str, int]) -> dict[str, int]:
+def request_scale(run_dir: str | Path, counts: dict[str, int], at_step: int | None = None) -> dict:
     """Check ``counts`` against the run's ``config.yaml`` and keep them (with the counts asked
-    for before) in ``scale.json``; the counts now asked for."""
+    for before) in ``scale.json``; ``at_step`` K: a rollout count for the collects from the
+    K-th on, added to the schedule (a pair at the same step replaced); a rollout count without
+    a step replaces the schedule. Returns what scale.json now holds."""
     run_dir = Path(run_dir)
     config = run_dir / "config.yaml"
     if not config.is_file():
         raise InputError(f"{config}: no such file; is {run_dir} a run directory (run.dir) that has started?")
     check_counts(load(config), counts, "reasonrl scale")
-    merged = {**requested(run_dir), **counts}
+    kept = _read(run_dir)
+    pairs = {step: count for step, count in kept.get(SCHEDULE, [])}
+    if at_step is not None:
+        if type(at_step) is not int or at_step < 1 or set(counts) != {"rollout"}:
+            raise InputError(f"reasonrl scale --at-step {at_step!r}: expected a step >= 1 and rollout=N alone (a "
+                             f"schedule is the rollout fleet's; other roles change when the run next starts)")
+        pairs[at_step] = counts["rollout"]
+        merged = {k: v for k, v in kept.items() if k != SCHEDULE}
+    else:
+        merged = {**{k: v for k, v in kept.items() if k != SCHEDULE}, **counts}
+        if "rollout" in counts:
+            pairs = {}
+    if pairs:
+        merged[SCHEDULE] = [[step, pairs[step]] for step in sorted(pairs)]
     write_atomic(_path(run_dir), json.dumps(merged, sort_keys=True))
     return merged
 
@@ -115,6 +156,27 @@ class ScaleWatch:
         changed = {role: n for role, n in counts.items() if role in LIVE and n != self._counts[role]}
         self._counts.update(changed)
         return changed
+
+
+class ScaleSchedule:
+    """A running run's view of ``scale.json``'s schedule: :meth:`count` of collect ``c`` is the
+    count of the last (step, count) pair with step <= c, None before the first pair (the file
+    is read again only when it changed)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self._stamp: int | None = None
+        self._pairs: list[tuple[int, int]] = []
+
+    def count(self, collect: int) -> int | None:
+        try:
+            stamp = _path(self.run_dir).stat().st_mtime_ns
+        except FileNotFoundError:
+            stamp = None
+        if stamp != self._stamp:
+            self._stamp, self._pairs = stamp, schedule(self.run_dir) if stamp is not None else []
+        due = [count for step, count in self._pairs if step <= collect]
+        return due[-1] if due else None
 
 
 class IdleRule:

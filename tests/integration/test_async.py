@@ -15,10 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reasonrl.config import load
+from reasonrl.config import dump, load
 from reasonrl.controller import Controller
 from reasonrl.ledger import check_ledger
 from reasonrl.metrics import read_jsonl
+from reasonrl.runtime.scaling import request_scale
 from tests.conftest import tiny_run
 
 NOT_VALUES = ("timing_s/", "time", "ettr", "time_lost_s", "mttr_s", "perf/throughput", "perf/max_memory_gb")
@@ -194,6 +195,7 @@ def test_a_rollout_worker_killed_three_times_costs_no_sample_and_no_partial_grou
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the stop and the slowdown are found by wall time
 def test_a_stopped_worker_is_hung_within_its_timeout_and_a_slowed_one_is_quarantined(model_dir, tmp_path):
     proc = _run_async(tmp_path, model_dir, 16, "runtime.roles.rollout.count=3", "runtime.roles.rollout.timeout_s=3",
                       "runtime.roles.rollout.quarantine_ratio=3", "runtime.roles.rollout.quarantine_steps=2",
@@ -299,21 +301,41 @@ def test_reasonrl_scale_grows_an_async_fleet_to_three_and_back_to_one_and_loses_
     _assert_every_prompt_used_once(tmp_path)
 
 
+def _scheduled(run_dir, cfg, schedule: dict[int, int]):
+    """``cfg``'s run directory with its config and the rollout fleet's schedule (step: count)
+    written before the run starts."""
+    run_dir.mkdir(parents=True)
+    dump(cfg, run_dir / "config.yaml")
+    for step, count in schedule.items():
+        request_scale(run_dir, {"rollout": count}, at_step=step)
+    return cfg
+
+
 @pytest.mark.slow
-def test_a_lockstep_run_killed_at_several_points_ends_bit_identical(model_dir, tmp_path):
+def test_a_lockstep_run_scaled_on_a_schedule_and_killed_at_several_points_ends_bit_identical(model_dir, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     common = ["rollout.mode=lockstep", "rollout.max_staleness=1", "algo.off_policy=decoupled", "checkpoint.every_steps=1",
-              "checkpoint.keep=3", "resilience.backoff_s=0.05", "resilience.max_restarts=8", "runtime.roles.rollout.count=2"]
-    Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 8, *common))).run()
-    faults = "faults=[sigkill@3:stage=gen,ckpt_kill@5]"  # a kill in update_actor: tests/integration/test_fault_drills.py
-    cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *overrides(model_dir, faulty, 8, *common, faults)]
+              "checkpoint.keep=3", "resilience.backoff_s=0.05", "resilience.max_restarts=8", "runtime.roles.rollout.count=2",
+              "runtime.roles.rollout.max=3"]
+    schedule = {3: 3, 6: 1}  # 2 workers, 3 from step 3's collect on, 1 from step 6's
+    Controller(_scheduled(clean, load("recipes/grpo.yaml", overrides(model_dir, clean, 8, *common)), schedule)).run()
+    # killed in generation as the fleet has just grown, in update_actor (tests/integration/test_fault_drills.py) and
+    # in generation with one worker left
+    faults = "faults=[sigkill@3:stage=gen,ckpt_kill@5,sigkill@7:stage=gen]"
+    args = overrides(model_dir, faulty, 8, *common, faults)
+    _scheduled(faulty, load("recipes/grpo.yaml", args), schedule)
+    cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, _tail(proc.stderr)
-    kinds = [e["kind"] for e in read_jsonl(faulty / "events.jsonl")]
-    assert kinds.count("killed") == 2 and kinds.count("recovered") == 2
+    events = read_jsonl(faulty / "events.jsonl")
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("killed") == 3 and kinds.count("recovered") == 3
+    for run in (clean, faulty):
+        live = [r["rollout/live_workers"] for r in read_jsonl(run / "metrics.jsonl") if r["step"] > 0]
+        assert live == [2, 2, 3, 3, 3, 1, 1, 1], (run.name, live)
     a, b = load_file(clean / "final/model.safetensors"), load_file(faulty / "final/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed lockstep run's weights differ from the clean run"
     # every value but the queue length (whether the next batch was ready yet is a matter of timing)
     drop = lambda r: {k: v for k, v in values(r).items() if k != "rollout/queue_length"}  # noqa: E731
     assert [drop(r) for r in read_jsonl(faulty / "metrics.jsonl")] == [drop(r) for r in read_jsonl(clean / "metrics.jsonl")]
-    assert json.loads((faulty / "summary.json").read_text())["incidents"]["killed"] == 2
+    assert json.loads((faulty / "summary.json").read_text())["incidents"]["killed"] == 3

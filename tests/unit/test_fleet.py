@@ -134,6 +134,7 @@ def test_a_dead_worker_mid_stream_loses_no_group(tmp_path):
     assert [k for k, _ in events][0] == "rollout_worker_died"
 
 
+@pytest.mark.serial  # timeouts and slowdowns read wall time
 def test_a_hung_worker_loses_its_groups_to_the_others_within_its_timeout():
     seeds = [50, 51, 52, 53]
     reference = fleet(LocalGroup([ScriptedRollouts()])).generate([[1, 2]] * 4, 2, PARAMS, seeds)
@@ -168,6 +169,7 @@ def test_a_group_that_kills_every_worker_fails_whole_after_its_retries_and_the_r
         f.close()
 
 
+@pytest.mark.serial  # timeouts and slowdowns read wall time
 def test_a_worker_that_raises_twice_in_a_row_is_quarantined_but_an_error_on_every_worker_ends_the_call():
     events = []
     f = fleet(processes((0.0,), (0.0, None, "", None, -1)), events)  # worker 1 raises on every call
@@ -189,6 +191,7 @@ def test_a_worker_that_raises_twice_in_a_row_is_quarantined_but_an_error_on_ever
         f.close()
 
 
+@pytest.mark.serial  # timeouts and slowdowns read wall time
 def test_a_slow_worker_is_quarantined_after_its_steps_and_replaced():
     events, step = [], [0]
     f = fleet(processes((0.0,), (0.05,)), events, quarantine=3.0, clock=lambda: step[0])  # 0.6 s a call on 1
@@ -232,7 +235,11 @@ def test_a_fleet_grows_with_the_current_weights_and_shrinks_after_its_running_gr
         reference = fleet(LocalGroup([ScriptedRollouts()])).generate([[1, 2]] * 6, 2, PARAMS, seeds)
         f.load_weights(WeightsUpdate(4, {}))
         f.resize(3)
-        joins = joined(events, 2)
+        with pytest.raises(FleetError, match="did not reach 3 serving workers within 0.01 s"):
+            f.wait_resized(0.01)  # a process takes longer than that to start
+        f.wait_resized(30)
+        assert f.target == 3 and f.live() == [0, 1, 2]
+        joins = joined(events, 2, timeout_s=1)  # written in the instant each went live
         assert [(j["worker"], j["reason"], j["version"]) for j in joins] == [(1, "scale", 4), (2, "scale", 4)]
         assert f.live() == [0, 1, 2] and group.size == 3 and len(set(group.pids)) == 3
         batch = f.generate([[1, 2]] * 6, 2, PARAMS, seeds)
@@ -243,10 +250,8 @@ def test_a_fleet_grows_with_the_current_weights_and_shrinks_after_its_running_gr
         leaving = group.pids[1:]
         f.resize(1)
         assert f.live() == [0]  # at once: the others take no new group
-        deadline = time.time() + 30
-        while sum(k == "rollout_worker_left" for k, _ in list(events)) < 2 and time.time() < deadline:
-            time.sleep(0.05)
-        assert group.size == 1 and f.size == 1
+        f.wait_resized(30)
+        assert group.size == 1 and f.size == 1 and f.target == 1
         assert sorted((fields["worker"], fields["pid"]) for k, fields in events if k == "rollout_worker_left") == [
             (1, leaving[0]), (2, leaving[1])]
         assert torch.equal(f.generate([[1, 2]] * 6, 2, PARAMS, seeds).response_ids, reference.response_ids)

@@ -11,7 +11,7 @@ import pytest
 from reasonrl.cli import main
 from reasonrl.config import ConfigError, dump, load
 from reasonrl.errors import InputError
-from reasonrl.runtime.scaling import ScaleWatch, request_scale, requested, scaled
+from reasonrl.runtime.scaling import ScaleSchedule, ScaleWatch, request_scale, requested, scaled, schedule
 
 
 def run_dir(tmp_path, *overrides):
@@ -91,3 +91,41 @@ def test_the_idle_rule_adds_a_worker_when_the_trainer_waits_and_then_waits_itsel
     assert IdleRule(load(None)).observe(1.0, 1.0) is None  # off by default
     with pytest.raises(ConfigError, match=r"runtime.roles.rollout.max = 0: must be set \(> 0\) when"):
         load(None, ["runtime.roles.rollout.scale_up_idle=0.3"])
+
+
+def test_a_schedule_gives_each_collect_the_count_of_the_last_step_at_or_before_it(tmp_path, capsys):
+    cfg = run_dir(tmp_path, "runtime.roles.rollout.max=4")
+    sizes = ScaleSchedule(tmp_path)
+    assert sizes.count(1) is None
+    assert main(["scale", str(tmp_path), "rollout=3", "--at-step", "4"]) == 0
+    assert "from the collect of step 4's batch on" in capsys.readouterr().out
+    request_scale(tmp_path, {"rollout": 1}, at_step=8)
+    request_scale(tmp_path, {"rollout": 2}, at_step=4)  # the same step: replaced
+    assert json.loads((tmp_path / "scale.json").read_text()) == {"schedule": [[4, 2], [8, 1]]}
+    assert [sizes.count(c) for c in (1, 3, 4, 7, 8, 20)] == [None, None, 2, 2, 1, 1]
+    assert schedule(tmp_path) == [(4, 2), (8, 1)] and requested(tmp_path) == {}
+    assert scaled(cfg, tmp_path) is cfg  # a restart starts with the plain count; collects take the schedule
+    request_scale(tmp_path, {"reward": 2})  # another role leaves the schedule alone
+    assert schedule(tmp_path) == [(4, 2), (8, 1)]
+    request_scale(tmp_path, {"rollout": 3})  # a rollout count without a step replaces it
+    assert json.loads((tmp_path / "scale.json").read_text()) == {"reward": 2, "rollout": 3}
+    assert sizes.count(20) is None
+
+
+@pytest.mark.parametrize("counts, at_step, message", [
+    ({"rollout": 2}, 0, "--at-step 0: expected a step >= 1 and rollout=N alone"),
+    ({"reward": 2}, 3, "--at-step 3: expected a step >= 1 and rollout=N alone"),
+    ({"rollout": 9}, 3, "rollout=9 is outside runtime.roles.rollout.min/.max"),
+])
+def test_a_bad_scheduled_count_is_refused_and_nothing_is_written(tmp_path, counts, at_step, message):
+    run_dir(tmp_path, "runtime.roles.rollout.max=4")
+    with pytest.raises(InputError, match=message):
+        request_scale(tmp_path, counts, at_step=at_step)
+    assert not (tmp_path / "scale.json").exists()
+
+
+def test_a_malformed_schedule_names_the_file(tmp_path):
+    run_dir(tmp_path)
+    (tmp_path / "scale.json").write_text(json.dumps({"schedule": [[4, "two"]]}))
+    with pytest.raises(InputError, match=r"scale.json: 'schedule' must be a list of \[step, rollout count\] pairs"):
+        ScaleSchedule(tmp_path).count(4)

@@ -4,6 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
+JOBS ?= 2
 
 .PHONY: install demo test test-fast docs clean
 
@@ -24,8 +25,14 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/reasonrl demo
 
+# The suite on $(JOBS) pytest-xdist workers (each xdist_group on one of them: one Ray cluster at a
+# time), then the tests marked serial alone, since they detect hangs and slowdowns by wall time.
+# Both parts run; make fails if either does.
 test: install docs
-	$(BIN)/python -m pytest -q --timeout=900
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not serial" --timeout=900 --durations=15; \
+	status=$$?; \
+	$(BIN)/python -m pytest -q -m serial --timeout=900 --durations=5 || status=1; \
+	exit $$status
 
 # The docs site in site/: the config and CLI reference pages are generated from the code first,
 # and --strict fails on a broken link or anchor.

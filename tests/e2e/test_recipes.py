@@ -3,10 +3,11 @@
 Slow: these train for real on the cached warm start (built once per machine, ~3 min on 2
 cores). Held-out accuracy is the mean over 4 samples on 256 held-out problems (about +-2.5
 points of noise). From this near-deterministic warm start (entropy about 0.08) the gain of one
-run depends on its seed's draws: dapo, dr_grpo and lite_ppo gain 11-13 points at seed 0 and the
-test asks them for +5; grpo (20 steps) gained -1.1, +11.8 and +3.5 at seeds 0-2 and ppo (12
-steps) +3.7, +10.1 and +4.0 (docs/benchmarks.md), so for those two the test asks for +3 as the
-mean over run seeds 0, 1 and 2. The runs are clean, so the guards that read the training itself must
+run depends on its seed's draws: on the AVX-512 EPYC (commit 641d549) dapo, dr_grpo and
+lite_ppo gained 20, 17 and 14 points at seed 0 and the test asks them for +5; grpo (20 steps)
+gained 19, 18 and 13 at seeds 0-2 and ppo (12 steps) 15, 19 and 7, with a warm start trained on
+another CPU as little as -1 and +4 at seed 0, so for those two the test asks for +3 as the mean
+over run seeds 0 and 1. The runs are clean, so the guards that read the training itself must
 stay quiet: no spike or non-finite incident (the slowdown detector reads wall time, which other
 load on the machine can really stretch: tests/unit/test_guards.py replays a clean demo). The DAPO
 run trains with runtime.engine=ray (a local cluster; a seeded synchronous Ray run ends with the
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.slow
 STEPS = {"dapo": 20, "grpo": 20, "dr_grpo": 20, "lite_ppo": 20, "ppo": 12}
 """PPO's steps are about twice as long (32 prompts, a critic, two epochs) and it learns faster per step."""
 
-SEEDS = {"grpo": (0, 1, 2), "ppo": (0, 1, 2)}
+SEEDS = {"grpo": (0, 1), "ppo": (0, 1)}
 """Run seeds whose mean gain is asserted (others: seed 0 alone)."""
 
 LEAST_GAIN = {"grpo": 0.03, "ppo": 0.03}
@@ -43,11 +44,15 @@ LEAST_GAIN = {"grpo": 0.03, "ppo": 0.03}
 RUN_TIMEOUT_S = 900
 """The time one run may take (a test: this per run seed). 2 busy cores (other work on the machine
 beside the suite) have stretched one run to 550 s; the suite's per-test 900 s would cut grpo's
-and ppo's three runs short."""
+and ppo's two runs short."""
 
 
-@pytest.mark.parametrize("recipe", [pytest.param(r, marks=pytest.mark.timeout(RUN_TIMEOUT_S * len(SEEDS.get(r, (0,)))))
-                                    for r in STEPS])
+def _marks(recipe: str) -> list:
+    marks = [pytest.mark.timeout(RUN_TIMEOUT_S * len(SEEDS.get(recipe, (0,))))]
+    return marks + [pytest.mark.xdist_group("ray")] if recipe == "dapo" else marks  # one local cluster at a time
+
+
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=_marks(r)) for r in STEPS])
 def test_recipe_raises_heldout_accuracy(recipe, tmp_path):
     gains = [_gain(recipe, tmp_path / f"seed{seed}", seed) for seed in SEEDS.get(recipe, (0,))]
     gain = sum(gains) / len(gains)

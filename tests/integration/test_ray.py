@@ -28,7 +28,7 @@ from reasonrl.types import WeightsUpdate
 from tests.ray_fixtures import Receiver, Refused, is_loopback, listening_sockets, process_tree
 from tests.worker_fixtures import Counter, broken
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("ray")]  # one local cluster at a time
 
 
 @pytest.fixture(scope="module")

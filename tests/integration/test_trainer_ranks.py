@@ -28,6 +28,8 @@ from reasonrl.workers.policy import PolicyWorker
 from reasonrl.workers.trainer_rank import TrainerRank
 from tests.conftest import synthetic_rollout
 
+pytestmark = pytest.mark.xdist_group("ranks")  # the module's two rank processes start once
+
 
 class TunableRank(TrainerRank):
     """A rank whose algo and train settings a test changes between updates (from the ones it was built with)."""
@@ -81,6 +83,7 @@ CASES = {
 }
 
 
+@pytest.mark.serial  # the slow and the hung rank are found by wall time
 def test_a_slow_rank_is_named_and_given_less_and_a_hung_rank_times_out(model_dir, tmp_path):
     # rank 1 computes 6 times longer in steps 1-3 and hangs before its first collective of step 4
     cfg = config(model_dir, tmp_path, "faults=[slow_rank@1:rank=1:factor=6:steps=3,hang_rank@4:rank=1]",

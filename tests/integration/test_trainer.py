@@ -145,3 +145,18 @@ def test_sampling_logprobs_equal_recomputed_ones_so_reuse_is_exact(model_dir, tm
     assert "timing_s/old_log_prob" in metrics
     # the recomputed anchor is the sampler's, to float tolerance: no behaviour gap to speak of
     assert metrics["off_policy/behaviour_kl"] < 1e-8 and metrics["off_policy/ess"] > 1 - 1e-6
+
+
+def test_a_run_logs_its_forecast_from_the_sixth_validation_on(model_dir, tmp_path, capsys):
+    from reasonrl.experiments.forecast import evaluations, forecast
+
+    Controller(config(model_dir, tmp_path, "train.total_steps=5", "eval.every_steps=1", "eval.greedy=false", "eval.target=0.9",
+                      "run.log_every=5")).run()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert not any(k.startswith("forecast/") for r in rows[:5] for k in r)
+    # The sixth validation's row holds the forecast of all six, as reasonrl forecast --upto 5 computes it.
+    expected = forecast(*evaluations(rows), horizon=5, target=0.9).metrics()
+    assert {k: v for k, v in rows[5].items() if k.startswith("forecast/")} == expected
+    assert rows[5]["forecast/evals"] == 6 and rows[5]["forecast/target"] == 0.9
+    assert f"plateau={expected['forecast/plateau']:.3f}" in capsys.readouterr().err  # the console line of step 5

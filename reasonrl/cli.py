@@ -11,6 +11,7 @@
     reasonrl forecast RUN_DIR [--at 0.3]         held-out accuracy's fitted curve: plateau, final val/acc, step to eval.target
     reasonrl sweep SWEEP.yaml --dir DIR [k=v]    every cell x seed of a sweep file, resumable; summary with intervals
     reasonrl sweep --status DIR                  where a sweep stands
+    reasonrl sweep SWEEP.yaml --dir DIR --fit-mix   then a mixture law's best static mix (a sweep over mix weights)
     reasonrl samples RUN_DIR [--step N] [--wrong|--right]   the prompts, responses and rewards a run kept
     reasonrl drill [--steps N] [key=value ...]   one fault of each kind on the demo: detection, recovery, ETTR
     reasonrl env-check NAME [--policy scripted] [env.args.k=v ...]   play an environment and check it
@@ -349,20 +350,29 @@ def cmd_forecast(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Train every cell x seed of a sweep file under --dir (resuming a sweep that was stopped),
-    then print and write its summary; ``--status DIR``: where a sweep stands. Exit 1 when
-    some run failed."""
-    from reasonrl.experiments.runner import run_sweep, status_text
+    then print and write its summary; ``--status DIR``: where a sweep stands. ``--fit-mix``:
+    then the mixture law of a sweep over mix weights. Exit 1 when some run failed."""
+    from reasonrl.experiments.mixfit import mixtures
+    from reasonrl.experiments.runner import SPEC_FILE, run_sweep, status_text, write_mix_law
     from reasonrl.experiments.sweep import read_sweep
 
     if args.status is not None:
         if args.sweep is not None or args.dir is not None or args.overrides:
             raise InputError("sweep --status DIR takes no sweep file, no --dir and no overrides")
         print(status_text(Path(args.status)))
+        if args.fit_mix:
+            write_mix_law(read_sweep(Path(args.status) / SPEC_FILE), Path(args.status))
         return 0
     if args.sweep is None or args.dir is None:
         raise InputError("sweep: expected a sweep file and --dir DIR (reasonrl sweep SWEEP.yaml --dir DIR), or "
                          "--status DIR")
-    return run_sweep(read_sweep(args.sweep, args.overrides), Path(args.dir))
+    sweep = read_sweep(args.sweep, args.overrides)
+    if args.fit_mix:
+        mixtures(sweep)  # a sweep that varies no mixture is refused before anything trains
+    code = run_sweep(sweep, Path(args.dir))
+    if args.fit_mix and code in (0, 1):
+        write_mix_law(sweep, Path(args.dir))
+    return code
 
 
 def cmd_samples(args: argparse.Namespace) -> int:
@@ -505,6 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "key=value is added to the sweep's set")
     p.add_argument("--dir", default=None, help="the sweep directory: one run directory per cell and seed, the summary")
     p.add_argument("--status", default=None, metavar="DIR", help="print where the sweep in DIR stands and exit")
+    p.add_argument("--fit-mix", action="store_true",
+                   help="after a sweep over mix weights (one key of weight lists, or numeric keys summing to 1 in "
+                        "every cell), fit a quadratic mixture law to the final val/acc and print the static mix it "
+                        "predicts best, with 95%% intervals (DIR/mix_fit.json)")
     p.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("samples", help="print the prompts, responses and rewards a run kept")
     p.add_argument("run_dir", help="the run directory (run.dir)")

@@ -45,8 +45,8 @@ evaluation too, so R0 varies with its noise), and refits. Over the replicates, a
 
 What it assumes: the evaluations scatter independently around one smooth curve. A run whose
 accuracy wanders (the policy's own randomness, not only the evaluation's) has correlated
-residuals, and the interval is then too narrow; docs/sweeps.md ("Forecasts") states how
-often the interval held on the DAPO demo.
+residuals, and the interval is then too narrow; docs/evaluation.md ("Forecasts of held-out
+accuracy") and docs/benchmarks.md state how often the interval held on the DAPO demo.
 
 **Steps and samples.** Samples per step change over a run (dynamic sampling draws more as
 groups become all correct), so a sample count is turned into a step by the observed points

@@ -99,3 +99,13 @@ def test_too_few_mixtures_fit_the_linear_law_and_fewer_than_the_sources_none():
     two = sweep_of([{"data.weights": list(m)} for m in DESIGN[:2]])
     with pytest.raises(ConfigError, match="2 mixtures have finished runs; a law over 3 weights needs at least 3"):
         fit_mix(two, results(two))
+
+
+def test_fit_mix_refuses_a_sweep_of_no_mixture_before_it_trains(tmp_path, capsys):
+    from reasonrl.cli import main
+
+    sweep = tmp_path / "clip.yaml"
+    sweep.write_text("recipe: dapo\ngrid: {algo.eps_high: [0.2, 0.28]}\nseeds: 2\n")
+    assert main(["sweep", str(sweep), "--dir", str(tmp_path / "runs"), "--fit-mix"]) == 2
+    assert "--fit-mix: the cells vary no mixture" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

@@ -303,7 +303,7 @@ def cmd_forecast(args: argparse.Namespace) -> int:
     val/acc at train.total_steps and the step at which the target is reached, with 95%
     intervals; where the run has a validation at train.total_steps, whether it lies in the
     forecast's interval."""
-    from reasonrl.experiments.forecast import evaluations, forecast, format_step
+    from reasonrl.experiments.forecast import EXCLUDE, evaluations, forecast, format_step
     from reasonrl.metrics import read_jsonl
 
     run_dir = Path(args.run_dir)
@@ -321,7 +321,7 @@ def cmd_forecast(args: argparse.Namespace) -> int:
     upto = int(args.at * horizon) if args.at is not None else args.upto
     steps, samples, acc = evaluations(rows, upto)
     try:
-        fc = forecast(steps, samples, acc, horizon, target)
+        fc = forecast(steps, samples, acc, horizon, target, exclude=EXCLUDE if args.exclude is None else args.exclude)
     except ValueError as err:
         raise InputError(f"forecast {run_dir}" + (f" up to step {upto}" if upto is not None else "") + f": {err}") from None
     measured = next((r["val/acc"] for r in rows if r["step"] == horizon and r.get("val/acc") is not None), None)
@@ -505,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upto", type=int, default=None, metavar="STEP", help="fit only the validations up to STEP")
     p.add_argument("--target", type=float, default=None, help="the held-out accuracy to forecast the step of "
                                                               "(default: the run's eval.target)")
+    p.add_argument("--exclude", type=float, default=None, metavar="FRACTION",
+                   help="leave the validations before this fraction of the samples generated out of the fit (the "
+                        "first still anchors R0; default 0.25, as a run's own forecast)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(fn=cmd_forecast)
     p = sub.add_parser("sweep", help="train every cell x seed of a sweep file (resumable) and summarise them: means "

@@ -1,6 +1,6 @@
 """Forecasts of held-out accuracy: ScaleRL's saturating curve of accuracy against samples.
 
-    fc = forecast(steps, samples, acc, horizon=150, target=0.8)   # NotEnoughEvaluations below MIN_EVALS
+    fc = forecast(steps, samples, acc, horizon=150, target=0.8)   # NotEnoughEvaluations below MIN_FITTED
     fc.plateau, fc.plateau_lo, fc.plateau_hi      # the asymptote A and its 95% interval
     fc.final, fc.final_lo, fc.final_hi            # val/acc at step ``horizon`` and its prediction interval
     fc.target_step, fc.target_step_lo, ...        # the step at which val/acc reaches ``target`` (inf: never)
@@ -15,22 +15,24 @@ B > 0 the exponent (how sharply it bends) and C_mid the samples at which half of
 A − R0 is made. The x-axis is samples generated (``batch/generated_samples`` summed over the
 steps: kept and dropped ones, the rollout compute), as ScaleRL's is compute.
 
-**The fit.** R0 is held at the first evaluation (ScaleRL leaves the earliest part of a run
-out; here it anchors the curve instead). A, B and C_mid minimise the squared error over the
-later evaluations, within bounds: A in [0, 1] (an accuracy), B in [B_BOUNDS], C_mid in
+**The fit.** R0 is held at the first evaluation. As ScaleRL does, the earliest part of the
+run is left out of the fit: the evaluations before ``exclude`` (EXCLUDE, a quarter) of the
+samples generated so far, whose fast early gains say little about where the curve goes
+(ScaleRL leaves out its first 1.5k GPU-hours). A, B and C_mid minimise the squared error over
+the evaluations after that, within bounds: A in [0, 1] (an accuracy), B in [B_BOUNDS], C_mid in
 [C_first / 100, 100 · C_last] (C_first, C_last: the samples at the first and last evaluation
-after R0). For fixed (B, C_mid) the curve is linear in a = A − R0,
+fitted). For fixed (B, C_mid) the curve is linear in a = A − R0,
 ``R(C) − R0 = a · g(C)`` with ``g(C) = 1 / (1 + (C_mid / C)^B)``, so the best a is
 ``clip(Σ g_i d_i / Σ g_i², bounds)`` (d_i = R_i − R0; the squared error is a convex quadratic
 in a, so clipping its free minimum gives the bounded one); the fit searches (log B, log C_mid)
 only: a grid of GRID_B x GRID_C points, then PATTERN_ROUNDS rounds of a 5 x 5 pattern around
 the best point, the spacing halved each round. Deterministic, no derivatives, no start value
 to guess; on a curve without noise it recovers the parameters to about 1e-4 relative.
-A flat series fits a = 0 (A = R0); fewer than MIN_EVALS evaluations is
+A flat series fits a = 0 (A = R0); fewer than MIN_FITTED evaluations to fit is
 :class:`NotEnoughEvaluations`, an answer and not an error of the run.
 
 **The intervals: a residual bootstrap.** From the fitted curve R̂ and the residuals
-e_i = R_i − R̂(C_i) of the n evaluations after the first, centred and scaled by √(n / (n − 3))
+e_i = R_i − R̂(C_i) of the n evaluations fitted, centred and scaled by √(n / (n − 3))
 (3 fitted parameters: the usual correction of their shrinkage), each of ``resamples``
 replicates draws n + 1 residuals with replacement, ``R*_i = R̂(C_i) + e*_i`` (the first
 evaluation too, so R0 varies with its noise), and refits. Over the replicates, at ``level``
@@ -64,9 +66,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-MIN_EVALS = 6
-"""Evaluations a forecast needs: the first (R0) and 5 after it, 3 for the parameters and 2
+MIN_FITTED = 5
+"""Evaluations a forecast fits, at least, besides the first (R0): 3 for the parameters and 2
 left to estimate the noise from."""
+
+EXCLUDE = 0.25
+"""The evaluations before this fraction of the samples generated so far are left out of the
+fit (the first one still anchors R0)."""
 
 LEVEL = 0.95
 """The confidence level of the intervals."""
@@ -172,32 +178,41 @@ class Clock:
         return self.steps[-1] + (samples - self.samples[-1]) / self.rate
 
 
-def fit(samples: Sequence[float], acc: Sequence[float]) -> Curve:
-    """The least-squares curve through (samples, acc), R0 = acc[0] (see the module docstring).
-    NotEnoughEvaluations below MIN_EVALS points; ValueError when the samples do not start at
-    the first evaluation or decrease."""
-    c, y = _check(samples, acc)
+def fit(samples: Sequence[float], acc: Sequence[float], exclude: float = EXCLUDE) -> Curve:
+    """The least-squares curve through (samples, acc), R0 = acc[0], the evaluations before
+    ``exclude`` of the last sample count left out (see the module docstring).
+    NotEnoughEvaluations below MIN_FITTED points to fit; ValueError when the samples decrease."""
+    c, y = _check(samples, acc, exclude)
     [r0], [a], [b], [m] = _fit_many(c, y[None, :])
     return Curve(float(r0), float(a), float(b), float(math.exp(m)))
 
 
-def _check(samples: Sequence[float], acc: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _check(samples: Sequence[float], acc: Sequence[float], exclude: float) -> tuple[np.ndarray, np.ndarray]:
+    """(samples, acc) of the first evaluation and of those fitted: at or after ``exclude`` of
+    the last sample count."""
     c, y = np.asarray(samples, dtype=float), np.asarray(acc, dtype=float)
     if c.shape != y.shape or c.ndim != 1:
         raise ValueError(f"forecast: {c.size} sample counts against {y.size} accuracies; expected one of each per "
                          "evaluation")
-    if c.size < MIN_EVALS:
-        raise NotEnoughEvaluations(
-            f"not enough evaluations: {c.size} of the {MIN_EVALS} a forecast needs (the first, then "
-            f"{MIN_EVALS - 1} to fit the 3 parameters with 2 left to estimate the noise)")
+    if not 0 <= exclude < 1:
+        raise ValueError(f"forecast: exclude = {exclude!r}, expected a fraction in [0, 1)")
     if not (np.all(np.isfinite(c)) and np.all(np.isfinite(y))):
         raise ValueError("forecast: a sample count or an accuracy is not finite")
-    if np.any(np.diff(c) < 0) or c[0] < 0:
+    if np.any(np.diff(c) < 0) or (c.size and c[0] < 0):
         raise ValueError(f"forecast: the sample counts {c.tolist()} decrease; expected the samples generated up to "
                          "each evaluation, in order")
-    if c[-1] <= 0:
-        raise ValueError("forecast: no samples were generated after the first evaluation; nothing to fit against")
-    return c, y
+    if c.size > 1 and c[-1] <= 0:
+        raise NotEnoughEvaluations("not enough evaluations: no samples generated (batch/generated_samples) before the "
+                                   "last one, nothing to fit against")
+    keep = np.flatnonzero((c > 0) & (c >= exclude * (c[-1] if c.size else 0.0)))
+    keep = keep[keep > 0]
+    if keep.size < MIN_FITTED:
+        left_out = max(c.size - 1 - keep.size, 0)
+        early = f" ({left_out} in the first {exclude:.0%} of the samples left out)" if left_out else ""
+        raise NotEnoughEvaluations(
+            f"not enough evaluations: {keep.size} to fit after the first{early}; a forecast fits {MIN_FITTED} "
+            "(3 parameters, 2 left to estimate the noise)")
+    return np.concatenate([c[:1], c[keep]]), np.concatenate([y[:1], y[keep]])
 
 
 def _bounds(c: np.ndarray) -> tuple[float, float]:
@@ -260,6 +275,7 @@ class Forecast:
     curve: Curve
     clock: Clock
     evals: int
+    """The evaluations fitted: the first (R0) and those after the excluded early part."""
     last_step: int
     level: float
     plateau: float
@@ -295,7 +311,10 @@ class Forecast:
         """A few lines: the curve, the plateau, the accuracy at the horizon, the target."""
         c = self.curve
         pct = f"{self.level:.0%}"
-        lines = [f"fit to {self.evals} evaluations up to step {self.last_step}: R(C) = {c.r0:.3f} + "
+        seen = len(self.clock.steps)
+        lines = [f"fit to {self.evals} of the {seen} evaluations up to step {self.last_step}"
+                 + (f" (the first, R0, and those after {seen - self.evals} early ones)" if seen > self.evals else "")
+                 + f": R(C) = {c.r0:.3f} + "
                  f"({c.a:.3f} - {c.r0:.3f}) / (1 + ({c.c_mid:.4g} / C)^{c.b:.3g}), C = samples generated "
                  f"({self.clock.rate:.1f} a step lately)",
                  f"plateau (A): {self.plateau:.3f} [{pct}: {self.plateau_lo:.3f}, {self.plateau_hi:.3f}]"]
@@ -324,17 +343,18 @@ def _quantiles(x: np.ndarray, level: float) -> tuple[float, float]:
 
 def forecast(steps: Sequence[int], samples: Sequence[float], acc: Sequence[float], horizon: int | None = None,
              target: float | None = None, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0,
-             band_points: int = 0) -> Forecast:
+             band_points: int = 0, exclude: float = EXCLUDE) -> Forecast:
     """The forecast from evaluations at ``steps`` (the first before any training), the
     ``samples`` generated up to each, and their accuracy ``acc``: the fitted curve, the plateau,
     the accuracy at step ``horizon`` and the step at which ``target`` is reached, with
     bootstrap intervals at ``level`` from ``resamples`` replicates drawn by
     ``np.random.default_rng(seed)`` (the same inputs give the same forecast).
-    ``band_points`` > 0: also the band of the replicates' curves at that many steps."""
+    ``band_points`` > 0: also the band of the replicates' curves at that many steps;
+    ``exclude``: the fraction of the samples whose evaluations are left out of the fit."""
     if not 0 < level < 1:
         raise ValueError(f"forecast: level = {level!r}, expected a number in (0, 1)")
-    c, y = _check(samples, acc)
-    clock = Clock(tuple(float(s) for s in steps), tuple(float(x) for x in c))
+    c, y = _check(samples, acc, exclude)
+    clock = Clock(tuple(float(s) for s in steps), tuple(float(x) for x in samples))
     r0, a, b, logm = _fit_many(c, y[None, :])
     curve = Curve(float(r0[0]), float(a[0]), float(b[0]), float(math.exp(logm[0])))
     fitted = curve(c)
@@ -389,7 +409,7 @@ class RunForecast:
     """The evaluations of a run as it trains, and the forecast after each one.
 
         tracker = RunForecast(kept_rows, horizon=cfg.train.total_steps, target=cfg.eval.target)
-        metrics |= tracker.observe(step, metrics)     # forecast/* on a validation step (from the MIN_EVALS-th)
+        metrics |= tracker.observe(step, metrics)     # forecast/* on a validation step with enough to fit
 
     ``rows``: the metrics.jsonl rows a resumed run keeps; the forecast at a step is the one
     ``reasonrl forecast RUN_DIR --upto STEP`` computes (the same evaluations, the same seed)."""
@@ -400,8 +420,8 @@ class RunForecast:
         self.horizon, self.target = horizon, target
 
     def observe(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
-        """Count the step's samples; after a validation, from the MIN_EVALS-th on, the
-        forecast's metrics, else {}."""
+        """Count the step's samples; after a validation with enough evaluations to fit
+        (MIN_FITTED), the forecast's metrics, else {}."""
         self.total += metrics.get("batch/generated_samples", 0.0)
         value = metrics.get("val/acc")
         if value is None or not math.isfinite(value):
@@ -409,7 +429,7 @@ class RunForecast:
         self.steps.append(step)
         self.samples.append(self.total)
         self.acc.append(float(value))
-        if len(self.acc) < MIN_EVALS or self.total <= 0:
+        try:
+            return forecast(self.steps, self.samples, self.acc, self.horizon, self.target).metrics()
+        except NotEnoughEvaluations:
             return {}
-        fc = forecast(self.steps, self.samples, self.acc, self.horizon, self.target)
-        return fc.metrics()

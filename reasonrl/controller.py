@@ -361,7 +361,7 @@ class Controller:
             if self.step_count == 0 and cfg.eval.every_steps:
                 with self.stage(t := {}, "testing"):
                     last = self.validate()
-                last.update(forecasts.observe(0, last))
+                    last.update(forecasts.observe(0, last))
                 sink.log(0, {**last, **t, "time": time.time() - start})
                 self.keep_samples(0, sink, samples, [], self.val_samples)
             while self.step_count < cfg.train.total_steps and not stop.signum:
@@ -369,9 +369,11 @@ class Controller:
                 metrics = self.step()
                 every = cfg.eval.every_steps
                 if every and (self.step_count % every == 0 or self.step_count == cfg.train.total_steps):
-                    with self.stage(metrics, "testing"):
+                    with self.stage(metrics, "testing"):  # the validation and its forecast
                         metrics.update(self.validate())
-                metrics.update(forecasts.observe(self.step_count, metrics))
+                        metrics.update(forecasts.observe(self.step_count, metrics))
+                else:
+                    forecasts.observe(self.step_count, metrics)  # counts the step's samples
                 step_s[self.step_count] = metrics["timing_s/step"]
                 wanted = idle_rule.observe(metrics.get("timing_s/trainer_idle", 0.0), metrics["timing_s/step"])
                 if wanted is not None:  # through scale.json, as reasonrl scale: a restart keeps it

@@ -102,7 +102,7 @@ the target ones with a target)."""
 
 
 class NotEnoughEvaluations(ValueError):
-    """Fewer evaluations than a forecast needs (MIN_EVALS)."""
+    """Fewer evaluations to fit than a forecast needs (MIN_FITTED)."""
 
 
 @dataclass(frozen=True)

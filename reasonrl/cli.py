@@ -1,4 +1,4 @@
-"""Command line: ``reasonrl train | config | sft | eval | demo | export | report | sweep | samples | drill | env-check | trace``.
+"""Command line: ``reasonrl train | config | sft | eval | demo | export | report | forecast | sweep | samples | drill | env-check | trace``.
 
     reasonrl train recipes/dapo.yaml train.total_steps=50 run.dir=runs/dapo
     reasonrl train dapo --dry-run                check config, data, reward, model, device, context; print the plan
@@ -8,8 +8,10 @@
     reasonrl demo [key=value ...]                the embedded example end to end, then a report
     reasonrl export RUN_DIR [--step N] OUT       a run's policy as a Hugging Face model directory
     reasonrl report RUN_DIR [RUN_DIR ...]        PNG plots and report.html comparing runs
+    reasonrl forecast RUN_DIR [--at 0.3]         held-out accuracy's fitted curve: plateau, final val/acc, step to eval.target
     reasonrl sweep SWEEP.yaml --dir DIR [k=v]    every cell x seed of a sweep file, resumable; summary with intervals
     reasonrl sweep --status DIR                  where a sweep stands
+    reasonrl sweep SWEEP.yaml --dir DIR --fit-mix   then a mixture law's best static mix (a sweep over mix weights)
     reasonrl samples RUN_DIR [--step N] [--wrong|--right]   the prompts, responses and rewards a run kept
     reasonrl drill [--steps N] [key=value ...]   one fault of each kind on the demo: detection, recovery, ETTR
     reasonrl env-check NAME [--policy scripted] [env.args.k=v ...]   play an environment and check it
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from reasonrl import __version__
 from reasonrl.config import ConfigError, dump_text, keys_help, load
-from reasonrl.errors import EXIT_FATAL, FatalError, InputError, error_line
+from reasonrl.errors import EXIT_FATAL, FatalError, InputError, InputNotFound, error_line
 from reasonrl.preflight import preflight, same_run
 from reasonrl.resilience.rundir import SUPERVISOR_ENV
 
@@ -100,7 +102,9 @@ def _train_here(cfg) -> int:
     last = controller.run()
     if controller.stopped_by is not None:
         return 128 + controller.stopped_by
-    print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith("val/")}))
+    from reasonrl.metrics import validation_summary
+
+    print(json.dumps(validation_summary(last)))
     return 0
 
 
@@ -151,7 +155,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         controller.run()
         if controller.stopped_by is not None:
             return 128 + controller.stopped_by
-    from reasonrl.metrics import read_jsonl
+    from reasonrl.metrics import forecast_text, read_jsonl
 
     rows = [r for r in read_jsonl(Path(cfg.run.dir) / "metrics.jsonl") if "val/acc" in r]
     report = write_report([cfg.run.dir])
@@ -159,6 +163,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\nheld-out accuracy (mean over {cfg.eval.k} samples): {before['val/acc']:.3f} -> {after['val/acc']:.3f}")
     if "val/acc_greedy" in before:
         print(f"held-out greedy accuracy:                   {before['val/acc_greedy']:.3f} -> {after['val/acc_greedy']:.3f}")
+    if "forecast/plateau" in after:
+        print(f"forecast of held-out accuracy (fit to {after['forecast/evals']:.0f} validations, 95% intervals): "
+              + " ".join(forecast_text(after)))
     print(f"report: {report}")
     print(f"trained policy: {Path(cfg.run.dir) / 'final'}")
     return 0
@@ -179,13 +186,13 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def complete_summary(cfg) -> str:
     """What a finished run reports when it is started again: that it is complete, its last
-    held-out metrics and its ETTR figures."""
-    from reasonrl.metrics import read_jsonl
+    held-out metrics with their forecast, and its ETTR figures."""
+    from reasonrl.metrics import read_jsonl, validation_summary
     from reasonrl.resilience.supervisor import summarize_run
 
     run_dir = Path(cfg.run.dir)
     rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    val = next(({k: round(v, 4) for k, v in r.items() if k.startswith("val/")} for r in reversed(rows) if "val/acc" in r), {})
+    val = next((validation_summary(r) for r in reversed(rows) if "val/acc" in r), {})
     figures = summarize_run(run_dir)
     summary = {"step": cfg.train.total_steps, **val, **{k: figures[k] for k in ("ettr", "time_lost_s", "incidents")}}
     return (f"{run_dir}: the run is already complete ({cfg.train.total_steps} steps; raise train.total_steps to go on)\n"
@@ -296,22 +303,82 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_forecast(args: argparse.Namespace) -> int:
+    """Fit the run's held-out accuracy (its validations up to ``--upto STEP``, or up to
+    ``--at FRACTION`` of train.total_steps; default all) and print the forecast: the plateau,
+    val/acc at train.total_steps and the step at which the target is reached, with 95%
+    intervals; where the run has a validation at train.total_steps, whether it lies in the
+    forecast's interval."""
+    from reasonrl.experiments.forecast import EXCLUDE, evaluations, forecast, format_step
+    from reasonrl.metrics import read_jsonl
+
+    run_dir = Path(args.run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise InputNotFound(f"{path}: no such file; expected a run directory (run.dir)")
+    rows = read_jsonl(path)
+    cfg = load(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else None
+    horizon = cfg.train.total_steps if cfg else max((r["step"] for r in rows), default=0)
+    target = args.target if args.target is not None else cfg.eval.target if cfg else None
+    if args.at is not None and args.upto is not None:
+        raise InputError("forecast: give --at FRACTION or --upto STEP, not both")
+    if args.at is not None and not 0 < args.at <= 1:
+        raise InputError(f"forecast: --at {args.at}: expected a fraction of train.total_steps in (0, 1]")
+    upto = int(args.at * horizon) if args.at is not None else args.upto
+    steps, samples, acc = evaluations(rows, upto)
+    try:
+        fc = forecast(steps, samples, acc, horizon, target, exclude=EXCLUDE if args.exclude is None else args.exclude)
+    except ValueError as err:
+        raise InputError(f"forecast {run_dir}" + (f" up to step {upto}" if upto is not None else "") + f": {err}") from None
+    measured = next((r["val/acc"] for r in rows if r["step"] == horizon and r.get("val/acc") is not None), None)
+    inside = None if measured is None else fc.final_lo <= measured <= fc.final_hi
+    reached = next((r["step"] for r in sorted(rows, key=lambda r: r["step"])
+                    if target is not None and r.get("val/acc") is not None and r["val/acc"] >= target), None)
+    if args.json:
+        out = {"run_dir": str(run_dir), "upto": fc.last_step, "evals": fc.evals, "level": fc.level,
+               "r0": fc.curve.r0, "a": fc.curve.a, "b": fc.curve.b, "c_mid": fc.curve.c_mid,
+               "plateau": [fc.plateau, fc.plateau_lo, fc.plateau_hi], "horizon": horizon,
+               "final": [fc.final, fc.final_lo, fc.final_hi], "measured_final": measured, "inside": inside,
+               "target": target, "target_step": None if target is None else
+               [format_step(x) for x in (fc.target_step, fc.target_step_lo, fc.target_step_hi)],
+               "measured_target_step": reached}
+        print(json.dumps(out))
+        return 0
+    print(f"{run_dir}: {fc.describe()}")
+    if measured is not None:
+        print(f"measured val/acc at step {horizon}: {measured:.3f}, "
+              + ("inside" if inside else "outside") + f" the {fc.level:.0%} prediction interval")
+    if target is not None and upto is not None:
+        print(f"measured: val/acc first reached {target:g} at step " + (f"{reached}" if reached is not None else
+                                                                       "- (not within the run)"))
+    return 0
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Train every cell x seed of a sweep file under --dir (resuming a sweep that was stopped),
-    then print and write its summary; ``--status DIR``: where a sweep stands. Exit 1 when
-    some run failed."""
-    from reasonrl.experiments.runner import run_sweep, status_text
+    then print and write its summary; ``--status DIR``: where a sweep stands. ``--fit-mix``:
+    then the mixture law of a sweep over mix weights. Exit 1 when some run failed."""
+    from reasonrl.experiments.mixfit import mixtures
+    from reasonrl.experiments.runner import SPEC_FILE, run_sweep, status_text, write_mix_law
     from reasonrl.experiments.sweep import read_sweep
 
     if args.status is not None:
         if args.sweep is not None or args.dir is not None or args.overrides:
             raise InputError("sweep --status DIR takes no sweep file, no --dir and no overrides")
         print(status_text(Path(args.status)))
+        if args.fit_mix:
+            write_mix_law(read_sweep(Path(args.status) / SPEC_FILE), Path(args.status))
         return 0
     if args.sweep is None or args.dir is None:
         raise InputError("sweep: expected a sweep file and --dir DIR (reasonrl sweep SWEEP.yaml --dir DIR), or "
                          "--status DIR")
-    return run_sweep(read_sweep(args.sweep, args.overrides), Path(args.dir))
+    sweep = read_sweep(args.sweep, args.overrides)
+    if args.fit_mix:
+        mixtures(sweep)  # a sweep that varies no mixture is refused before anything trains
+    code = run_sweep(sweep, Path(args.dir))
+    if args.fit_mix and code in (0, 1):
+        write_mix_law(sweep, Path(args.dir))
+    return code
 
 
 def cmd_samples(args: argparse.Namespace) -> int:
@@ -438,6 +505,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None)
     p.set_defaults(fn=cmd_report)
+    p = sub.add_parser("forecast", help="fit a run's held-out accuracy against samples (ScaleRL's sigmoid): the "
+                                        "plateau, val/acc at the last step and the step a target is reached, with "
+                                        "95%% intervals")
+    p.add_argument("run_dir", help="the run directory (run.dir)")
+    p.add_argument("--at", type=float, default=None, metavar="FRACTION",
+                   help="fit only the validations up to this fraction of train.total_steps (0.3: the first 30%%)")
+    p.add_argument("--upto", type=int, default=None, metavar="STEP", help="fit only the validations up to STEP")
+    p.add_argument("--target", type=float, default=None, help="the held-out accuracy to forecast the step of "
+                                                              "(default: the run's eval.target)")
+    p.add_argument("--exclude", type=float, default=None, metavar="FRACTION",
+                   help="leave the validations before this fraction of the samples generated out of the fit (the "
+                        "first still anchors R0; default 0.25, as a run's own forecast)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(fn=cmd_forecast)
     p = sub.add_parser("sweep", help="train every cell x seed of a sweep file (resumable) and summarise them: means "
                                      "with intervals over seeds, differences to the baseline, verdicts (docs/sweeps.md)")
     p.add_argument("sweep", nargs="?", default=None, help="the sweep file (recipe, set, grid or cells, seeds, baseline, "
@@ -446,6 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "key=value is added to the sweep's set")
     p.add_argument("--dir", default=None, help="the sweep directory: one run directory per cell and seed, the summary")
     p.add_argument("--status", default=None, metavar="DIR", help="print where the sweep in DIR stands and exit")
+    p.add_argument("--fit-mix", action="store_true",
+                   help="after a sweep over mix weights (one key of weight lists, or numeric keys summing to 1 in "
+                        "every cell), fit a quadratic mixture law to the final val/acc and print the static mix it "
+                        "predicts best, with 95%% intervals (DIR/mix_fit.json)")
     p.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("samples", help="print the prompts, responses and rewards a run kept")
     p.add_argument("run_dir", help="the run directory (run.dir)")

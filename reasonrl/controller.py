@@ -6,8 +6,9 @@
 The workers (policy, reference, critic, rollout, reward) own their modules and state and are
 built where the topology puts them (:mod:`reasonrl.build`); the controller holds none of them
 directly, only their groups (:mod:`reasonrl.runtime`), the rollout source
-(:mod:`reasonrl.rollout.source`), the guards and the registry of what a checkpoint holds. ``run()`` adds validation, metrics, checkpoints (resume, rollback) and
-the final export.
+(:mod:`reasonrl.rollout.source`), the guards and the registry of what a checkpoint holds. ``run()`` adds validation, metrics, the
+forecast of held-out accuracy after each validation (:mod:`reasonrl.experiments.forecast`),
+checkpoints (resume, rollback) and the final export.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from reasonrl.checkpoint import ProcessRNG, StateRegistry
 from reasonrl.checkpoint.checkpointer import Checkpointer
 from reasonrl.config import Config, dump
 from reasonrl.errors import LimitError
+from reasonrl.experiments.forecast import RunForecast
 from reasonrl.loggers import check_loggers, open_loggers
 from reasonrl.memory import PeakMemory
 from reasonrl.metrics import EventLog, MetricsSink, Sample, StepLog, logging_step, read_jsonl, timed
@@ -347,7 +349,9 @@ class Controller:
         if samples is not None:
             samples.truncate_after(self.step_count if resumed else -1)
         self.events.emit("start", self.step_count, resumed=resumed, pid=os.getpid())
-        step_s = step_seconds(read_jsonl(self.run_dir / "metrics.jsonl"))
+        kept = read_jsonl(self.run_dir / "metrics.jsonl")
+        step_s = step_seconds(kept)
+        forecasts = RunForecast(kept, cfg.train.total_steps, cfg.eval.target)
         stop = _StopFlag()
         scale, idle_rule = ScaleWatch(self.run_dir, cfg), IdleRule(cfg)
         start = last_checkpoint = time.time()
@@ -357,6 +361,7 @@ class Controller:
             if self.step_count == 0 and cfg.eval.every_steps:
                 with self.stage(t := {}, "testing"):
                     last = self.validate()
+                    last.update(forecasts.observe(0, last))
                 sink.log(0, {**last, **t, "time": time.time() - start})
                 self.keep_samples(0, sink, samples, [], self.val_samples)
             while self.step_count < cfg.train.total_steps and not stop.signum:
@@ -364,8 +369,11 @@ class Controller:
                 metrics = self.step()
                 every = cfg.eval.every_steps
                 if every and (self.step_count % every == 0 or self.step_count == cfg.train.total_steps):
-                    with self.stage(metrics, "testing"):
+                    with self.stage(metrics, "testing"):  # the validation and its forecast
                         metrics.update(self.validate())
+                        metrics.update(forecasts.observe(self.step_count, metrics))
+                else:
+                    forecasts.observe(self.step_count, metrics)  # counts the step's samples
                 step_s[self.step_count] = metrics["timing_s/step"]
                 wanted = idle_rule.observe(metrics.get("timing_s/trainer_idle", 0.0), metrics["timing_s/step"])
                 if wanted is not None:  # through scale.json, as reasonrl scale: a restart keeps it

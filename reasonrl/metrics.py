@@ -54,6 +54,12 @@ def _dumps(obj: dict[str, Any]) -> str:
     return json.dumps(_json_safe(obj), sort_keys=True, allow_nan=False, default=str) + "\n"
 
 
+def validation_summary(values: dict[str, Any]) -> dict[str, Any]:
+    """The held-out metrics (``val/*``) and the forecast (``forecast/*``) of ``values``, each
+    rounded to 4 decimals, non-finite ones as strings: what a run prints at its end."""
+    return _json_safe({k: round(v, 4) for k, v in values.items() if k.startswith(("val/", "forecast/"))})
+
+
 def _decode_non_finite(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in obj.items()}
 
@@ -237,15 +243,40 @@ def _short(value: int | float) -> str:
     return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
+def _step_text(step: float) -> str:
+    return "never" if math.isinf(step) else f"{step:.0f}"
+
+
+def forecast_text(values: dict[str, int | float]) -> list[str]:
+    """The forecast of a run's row (``forecast/*``, :mod:`reasonrl.experiments.forecast`) for
+    the console: ``plateau=0.846 [0.609, 1.000]`` and, with a target,
+    ``0.8@step=163 [87, never]``; [] without one."""
+    if values.get("forecast/plateau") is None:
+        return []
+    shown = [f"plateau={values['forecast/plateau']:.3f} [{values['forecast/plateau_lo']:.3f}, "
+             f"{values['forecast/plateau_hi']:.3f}]"]
+    if values.get("forecast/target_step") is not None:
+        shown.append(f"{values['forecast/target']:g}@step={_step_text(values['forecast/target_step'])} "
+                     f"[{_step_text(values['forecast/target_step_lo'])}, {_step_text(values['forecast/target_step_hi'])}]")
+    return shown
+
+
 def console_line(step: int, total_steps: int, values: dict[str, int | float]) -> str:
-    """``step 10/150 reward=0.4125 acc=0.375 ...``: the main metrics of a step (those present)."""
-    shown = [f"{label}={_short(values[key])}" for label, key in CONSOLE_FIELDS if values.get(key) is not None]
+    """``step 10/150 reward=0.4125 acc=0.375 val=0.55 plateau=0.846 [0.609, 1.000] ...``: the
+    main metrics of a step (those present), the forecast after ``val``."""
+    shown = []
+    for label, key in CONSOLE_FIELDS:
+        if values.get(key) is not None:
+            shown.append(f"{label}={_short(values[key])}")
+        if key == "val/acc":
+            shown += forecast_text(values)
     return " ".join([f"step {step}/{total_steps}", *shown])
 
 
 class MetricsSink:
     """Writes one row per step to ``metrics.jsonl``, the loggers and a progress bar, and every
-    ``log_every`` steps a console line of the main metrics (beside the bar, or on stderr).
+    ``log_every`` steps a console line of the main metrics with the latest validation and its
+    forecast (beside the bar, or on stderr).
 
     ``step`` is the number of completed training steps (the first step logs 1). Opening a
     run directory whose ``metrics.jsonl`` ends in a partial line (a kill mid-write) drops
@@ -271,6 +302,7 @@ class MetricsSink:
         self.log_every = log_every
         self.loggers = list(loggers)
         self._latest_val: float | None = None
+        self._latest_forecast: dict[str, int | float] = {}
         self._bar = tqdm(total=total_steps, file=sys.stderr, unit="step", dynamic_ncols=True) if progress else None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -279,12 +311,15 @@ class MetricsSink:
         values = {key: _scalar(key, value) for key, value in metrics.items() if key != "step"}
         self.rows.log(step, values)
         self._latest_val = values.get("val/acc", self._latest_val)
+        if "val/acc" in values:
+            self._latest_forecast = {k: v for k, v in values.items() if k.startswith("forecast/")}
         for logger in self.loggers:
             logger.log_metrics(step, values)
         if self._bar is not None:
             self._update_bar(step, values)
         if logging_step(step, self.log_every):
-            self._print(console_line(step, self.total_steps, {**values, "val/acc": self._latest_val}))
+            self._print(console_line(step, self.total_steps,
+                                     {**values, "val/acc": self._latest_val, **self._latest_forecast}))
 
     def log_samples(self, step: int, samples: Sequence[Sample], tag: str = "samples") -> None:
         """Send generated samples of ``step`` to the loggers, under ``tag``."""
@@ -297,8 +332,9 @@ class MetricsSink:
         kept, logged = self.rows.truncate_after(step)
         for logger in self.loggers:
             logger.rewind(step, logged)
-        vals = [row["val/acc"] for row in kept if "val/acc" in row]
-        self._latest_val = vals[-1] if vals else None
+        vals = [row for row in kept if "val/acc" in row]
+        self._latest_val = vals[-1]["val/acc"] if vals else None
+        self._latest_forecast = {k: v for k, v in vals[-1].items() if k.startswith("forecast/")} if vals else {}
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
 

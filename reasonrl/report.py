@@ -7,17 +7,20 @@ trainer writes) and ``events.jsonl`` (faults, restarts, guards) are shown when p
 their absence is said in the page. ``report.html`` holds, in this order:
 
 - a summary table, one row per run: steps, held-out accuracy (first, last, best, greedy),
-  final reward, ETTR, time lost to faults, MTTR, wall time;
+  final reward, ETTR, time lost to faults, MTTR, the forecast plateau and step to eval.target
+  (:func:`run_forecast`), wall time;
 - with two or more configs, their differences: one row per dotted key (``algo.eps_high``)
   whose values differ, one column per run. Keys that only change where and how a run logs
   (``run.dir``, ``run.loggers``, ... :data:`reasonrl.config.LOGGING_KEYS`) are in a separate, folded table;
 - the plots, PNG files beside the HTML referenced by relative path: reward, accuracy
   (sampled, greedy, pass@k, train), accuracy per data source (``val/acc/<source>``, one panel
-  each), response length and its clip ratio, entropy, PPO clip fractions, policy loss, KL
+  each), the forecast (``forecast.png``: :func:`forecast_figure`), response length and its clip ratio, entropy, PPO clip fractions, policy loss, KL
   (``actor/ppo_kl``, and ``actor/kl_loss`` with the KL loss on), the sampler/trainer log-prob gap
   (``rollout/logprob_diff_mean``, ``rollout/logprob_kl``: bf16 or vLLM sampling), gradient norm, learning
   rate, dynamic sampling counters (``batch/*``), throughput, tokens and peak memory (``perf/throughput``,
   ``perf/total_num_tokens``, ``perf/max_memory_gb``), ETTR, time lost to faults, and the seconds of each stage;
+- each run's forecast in words (the fitted curve, the plateau, val/acc at the last step, the
+  step to eval.target, with their intervals), or why it has none (too few validations);
 - each run's events: step, kind and a short detail of every line of ``events.jsonl``;
 - a few validation samples per validation step (``samples.jsonl``, when the run kept them):
   prompt, response, extracted answer, ground truth and score, the wrong ones first, folded;
@@ -49,6 +52,7 @@ from matplotlib.ticker import MaxNLocator
 
 from reasonrl.config import LOGGING_KEYS, flatten
 from reasonrl.errors import InputError, InputNotFound
+from reasonrl.experiments.forecast import Forecast, evaluations, forecast, format_step
 from reasonrl.metrics import read_jsonl
 from reasonrl.resilience.ettr import FAILURES, effective_time, step_seconds
 
@@ -343,11 +347,81 @@ def timing_figure(runs: list[Run]) -> Figure | None:
     return fig
 
 
-def _write_plots(runs: list[Run], out_dir: Path) -> list[str]:
+def run_forecast(run: Run) -> Forecast | str:
+    """The forecast of ``run``'s held-out accuracy from all its validations
+    (:mod:`reasonrl.experiments.forecast`), to its train.total_steps (its last step without a
+    config) and its eval.target, with the band of the fitted curves; or why there is none."""
+    steps, samples, acc = evaluations(run.rows)
+    last = run.rows[-1]["step"]
+    horizon = max(last, run.config.get("train.total_steps") or last) if run.config else last
+    try:
+        return forecast(steps, samples, acc, horizon, run.config.get("eval.target") if run.config else None,
+                        band_points=101)
+    except ValueError as err:
+        return str(err)
+
+
+def forecast_figure(runs: list[Run], forecasts: list[Forecast | str]) -> Figure | None:
+    """Two panels: each run's validations with the fitted curve, its 95% band (the
+    replicates' curves) and the plateau with its interval; and, when the runs logged
+    forecasts (``forecast/*``), how the forecast of the plateau and of val/acc at the last
+    step moved with each validation, beside the val/acc measured there. None when no run has a
+    forecast."""
+    if not any(isinstance(fc, Forecast) for fc in forecasts):
+        return None
+    logged = any(run.series("forecast/plateau")[0] for run in runs)
+    fig = Figure(figsize=(9, 10 if logged else 5.5))
+    axes = fig.subplots(2 if logged else 1, 1, squeeze=False)[:, 0]
+    ax = axes[0]
+    for index, (run, fc) in enumerate(zip(runs, forecasts)):
+        colour = _colour(index)
+        steps, values = run.series("val/acc")
+        ax.plot(steps, values, "o", color=colour, markersize=3, label=f"{run.label}: val/acc")
+        if not isinstance(fc, Forecast):
+            continue
+        at, lo, hi = fc.band
+        ax.plot(at, fc.curve([fc.clock.samples_at(s) for s in at]), color=colour,
+                label=f"fit: plateau {fc.plateau:.3f} [{fc.plateau_lo:.3f}, {fc.plateau_hi:.3f}]")
+        ax.fill_between(at, lo, hi, color=colour, alpha=0.15, linewidth=0)
+        ax.axhline(fc.plateau, color=colour, linestyle="--", linewidth=1)
+        ax.axhspan(fc.plateau_lo, fc.plateau_hi, color=colour, alpha=0.06, linewidth=0)
+        if fc.target is not None:
+            ax.axhline(fc.target, color="grey", linestyle=":", linewidth=1)
+    ax.set(title="val/acc, the fitted curve (band: 95%) and its plateau (dashed; shaded: 95%)", xlabel="step",
+           ylabel="val/acc", ylim=(-0.02, 1.02))
+    if logged:
+        ax2 = axes[1]
+        for index, run in enumerate(runs):
+            colour = _colour(index)
+            for key, style in (("forecast/plateau", {}), ("forecast/final", {"linestyle": "--"})):
+                steps, values = run.series(key)
+                if not steps:
+                    continue
+                _, lo = run.series(f"{key}_lo")
+                _, hi = run.series(f"{key}_hi")
+                ax2.plot(steps, values, color=colour, marker="o", markersize=3, label=f"{run.label}: {key}", **style)
+                ax2.fill_between(steps, lo, hi, color=colour, alpha=0.1, linewidth=0)
+            steps, values = run.series("val/acc")
+            if steps:
+                ax2.axhline(values[-1], color=colour, linestyle=":", linewidth=1,
+                            label=f"{run.label}: val/acc at step {steps[-1]}")
+        ax2.set(title="the forecast at each validation: plateau; dashed: val/acc at the last step (95% bands)",
+                xlabel="step of the forecast", ylabel="val/acc", ylim=(-0.02, 1.02))
+    for a in axes:
+        a.grid(alpha=0.3)
+        a.legend(fontsize="small")
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _fit(fig, len(axes), 1)
+    return fig
+
+
+def _write_plots(runs: list[Run], out_dir: Path, forecasts: list[Forecast | str]) -> list[str]:
     """Write every plot that has data; return the file names written, in report order."""
     written = []
     for name, panels in plot_specs(runs).items():
         written += _save(line_figure(runs, panels), out_dir / name)
+        if name == "accuracy_by_source.png":
+            written += _save(forecast_figure(runs, forecasts), out_dir / "forecast.png")
     return written + _save(timing_figure(runs), out_dir / "timing.png")
 
 
@@ -374,8 +448,19 @@ def _fmt_duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
-def summary(run: Run) -> dict[str, str]:
-    """The summary-table row of a run, formatted for display."""
+def _forecast_cells(fc: Forecast | str | None) -> dict[str, str]:
+    """The summary table's forecast columns: the plateau and the step at which eval.target is
+    reached, each with its 95% interval."""
+    if not isinstance(fc, Forecast):
+        return {"forecast plateau [95%]": "–", "forecast step to eval.target [95%]": "–"}
+    steps = "–" if fc.target is None else (f"{fc.target:g}: {format_step(fc.target_step)} "
+                                          f"[{format_step(fc.target_step_lo)}, {format_step(fc.target_step_hi)}]")
+    return {"forecast plateau [95%]": f"{fc.plateau:.3f} [{fc.plateau_lo:.3f}, {fc.plateau_hi:.3f}]",
+            "forecast step to eval.target [95%]": steps}
+
+
+def summary(run: Run, fc: Forecast | str | None = None) -> dict[str, str]:
+    """The summary-table row of a run, formatted for display (``fc``: its forecast)."""
     _, val = run.series("val/acc")
     _, greedy = run.series("val/acc_greedy")
     _, score = run.series("critic/score/mean")
@@ -393,6 +478,7 @@ def summary(run: Run) -> dict[str, str]:
         "ETTR": _fmt(figures["ettr"] if figures else run.rows[-1].get("ettr")),
         "time lost (s)": _fmt(figures["lost_s"] if figures else run.rows[-1].get("time_lost_s")),
         "MTTR (s)": _fmt(figures["mttr_s"] if figures else run.rows[-1].get("mttr_s")),
+        **_forecast_cells(fc),
         "wall time (h:mm:ss)": _fmt_duration(run.rows[-1].get("time")),
     }
 
@@ -529,6 +615,7 @@ details {{ margin-bottom: 1.5em; }}
 {configs}
 <h2>Plots</h2>
 {images}
+{forecasts}
 {events}
 {samples}
 {config_files}
@@ -537,14 +624,27 @@ details {{ margin-bottom: 1.5em; }}
 """
 
 
-def _html(runs: list[Run], images: list[str]) -> str:
-    rows = [summary(run) for run in runs]
+def _forecast_section(runs: list[Run], forecasts: list[Forecast | str]) -> str:
+    """Each run's forecast in words (or why there is none)."""
+    parts = ["<h2>Forecast of held-out accuracy</h2>",
+             "<p>ScaleRL's curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) of val/acc against samples generated, "
+             "R0 the first validation, fitted to every validation; 95% intervals from a residual bootstrap "
+             "(docs/evaluation.md).</p>"]
+    for run, fc in zip(runs, forecasts):
+        text = fc.describe() if isinstance(fc, Forecast) else f"no forecast: {fc}"
+        parts.append(f"<h3>{html.escape(run.label)}</h3>\n<pre>{html.escape(text)}</pre>")
+    return "\n".join(parts)
+
+
+def _html(runs: list[Run], images: list[str], forecasts: list[Forecast | str]) -> str:
+    rows = [summary(run, fc) for run, fc in zip(runs, forecasts)]
     title = "reasonrl report: " + ", ".join(run.label for run in runs)
     return _PAGE.format(
         title=html.escape(title),
         summary=_table(list(rows[0]), [list(row.values()) for row in rows]),
         configs=_config_section(runs) if len(runs) >= 2 else "",
         images="\n".join(f'<img src="{html.escape(name)}" alt="{html.escape(name)}">' for name in images),
+        forecasts=_forecast_section(runs, forecasts),
         events=_events_section(runs),
         samples=_samples_section(runs),
         config_files=_configs_section(runs),
@@ -567,7 +667,8 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path | None = None) 
         out_dir = first if len(run_dirs) == 1 else first.resolve().parent / "report"
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    images = _write_plots(runs, out_dir)
+    forecasts = [run_forecast(run) for run in runs]
+    images = _write_plots(runs, out_dir, forecasts)
     path = out_dir / "report.html"
-    path.write_text(_html(runs, images), encoding="utf-8")
+    path.write_text(_html(runs, images, forecasts), encoding="utf-8")
     return path

@@ -142,7 +142,7 @@ def dump_text(cfg: Config) -> str:
 
 
 LOGGING_KEYS = ("run.dir", "run.progress", "run.log_every", "run.loggers", "run.log_samples", "run.keep_samples",
-                "run.wandb_project", "run.wandb_mode")
+                "run.wandb_project", "run.wandb_mode", "eval.target")
 """Keys that change where and how a run logs, never what it trains (a resume may change them;
 the report folds them away in a config diff)."""
 

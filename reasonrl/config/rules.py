@@ -204,6 +204,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "eval.top_k": _NON_NEGATIVE,
     "eval.max_new_tokens": _NON_NEGATIVE,
     "eval.batch_prompts": _AT_LEAST_1,
+    "eval.target": (lambda v: v is None or 0 < v <= 1, "null or in (0, 1]"),
     "checkpoint.every_steps": _NON_NEGATIVE,
     "checkpoint.every_minutes": _NON_NEGATIVE,
     "checkpoint.keep": _AT_LEAST_1,

@@ -371,6 +371,12 @@ class EvalConfig:
     """Prompts generated together (each with its k samples): the unit of the progress bar
     and of generation memory (lower it for large models or k). The samples drawn depend on it
     (one seeded random stream); a validation of at most this many prompts is one batch."""
+    target: Optional[float] = None
+    """A held-out accuracy (val/acc) to forecast the step of: after each validation (once
+    there are enough to fit), the run fits ScaleRL's curve of val/acc against samples
+    generated and logs the plateau, the val/acc at train.total_steps and, with a target, the
+    step at which the curve reaches it (forecast/target_step), each with a 95% interval
+    (docs/evaluation.md); null: no target step."""
 
 
 @dataclass(frozen=True)

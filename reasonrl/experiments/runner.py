@@ -32,6 +32,8 @@ Every run writes its console lines to ``RUN_DIR/console.log``; the sweep's own r
 ``DIR/events.jsonl`` (``sweep_start``, ``run_start``, ``run_done``, ``run_failed``,
 ``sweep_stopped``, ``sweep_done``). At the end, the summary of the finished runs goes to the
 terminal, ``summary.csv``, ``summary.json`` and ``report.html`` (:mod:`reasonrl.experiments.summary`).
+``reasonrl sweep --fit-mix`` then fits the mixture law of a sweep over mix weights
+(:func:`write_mix_law`).
 """
 
 from __future__ import annotations
@@ -401,6 +403,21 @@ def _results(sweep: Sweep, finished: list[SweepRun]) -> dict[tuple[str, int], Ru
         if result is not None:
             results[(run.cell.name, run.seed)] = result
     return results
+
+
+def write_mix_law(sweep: Sweep, root: Path, log: Callable[[str], None] = print) -> Path:
+    """Fit the mixture law (:mod:`reasonrl.experiments.mixfit`) to the finished runs of the
+    sweep in ``root``, log it and write ``root/mix_fit.json``; ConfigError when the cells vary
+    no mixture or too few of them finished."""
+    from reasonrl.experiments.mixfit import fit_mix, law_json
+
+    finished = [run for run, cfg in plan(sweep, root) if run_state(cfg).kind == "complete"]
+    law = fit_mix(sweep, _results(sweep, finished))
+    path = Path(root) / "mix_fit.json"
+    write_atomic(path, json.dumps(law_json(law), indent=2) + "\n")
+    log(law.describe())
+    log(f"mixture law: {path}")
+    return path
 
 
 def status_text(root: Path) -> str:

@@ -145,3 +145,19 @@ def test_sampling_logprobs_equal_recomputed_ones_so_reuse_is_exact(model_dir, tm
     assert "timing_s/old_log_prob" in metrics
     # the recomputed anchor is the sampler's, to float tolerance: no behaviour gap to speak of
     assert metrics["off_policy/behaviour_kl"] < 1e-8 and metrics["off_policy/ess"] > 1 - 1e-6
+
+
+def test_a_run_logs_its_forecast_once_it_has_enough_validations(model_dir, tmp_path, capsys):
+    from reasonrl.experiments.forecast import evaluations, forecast
+
+    Controller(config(model_dir, tmp_path, "train.total_steps=6", "eval.every_steps=1", "eval.greedy=false",
+                      "eval.target=0.9", "run.log_every=6")).run()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]
+    # 8 samples a step: at step 6 the validation of step 1 (8 of 48 samples) is in the first
+    # quarter and left out, 5 remain to fit; at step 5 only 4 would.
+    assert not any(k.startswith("forecast/") for r in rows[:6] for k in r)
+    expected = forecast(*evaluations(rows), horizon=6, target=0.9).metrics()  # reasonrl forecast --upto 6
+    assert {k: v for k, v in rows[6].items() if k.startswith("forecast/")} == expected
+    assert rows[6]["forecast/evals"] == 6 and rows[6]["forecast/target"] == 0.9
+    assert f"plateau={expected['forecast/plateau']:.3f}" in capsys.readouterr().err  # the console line of step 6

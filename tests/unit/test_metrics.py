@@ -107,6 +107,21 @@ def test_console_line_every_log_every_steps_with_the_latest_validation(tmp_path,
     ]
 
 
+def test_console_line_keeps_the_latest_forecast_and_a_resume_finds_it(tmp_path, capsys):
+    forecast = {"forecast/plateau": 0.8, "forecast/plateau_lo": 0.7, "forecast/plateau_hi": 0.9}
+    with MetricsSink(tmp_path, total_steps=4, progress=False, log_every=2) as sink:
+        sink.log(1, {"val/acc": 0.5, **forecast})
+        sink.log(2, {"train/acc": 0.5})
+        sink.log(3, {"val/acc": 0.6})  # a validation without a forecast clears it
+        sink.log(4, {"train/acc": 0.5})
+    with MetricsSink(tmp_path, total_steps=4, progress=False, log_every=2) as sink:
+        sink.truncate_after(1)  # resumed at step 1: the forecast logged there is the latest again
+        sink.log(2, {"train/acc": 0.5})
+    assert [line for line in capsys.readouterr().err.splitlines()] == [
+        "step 2/4 acc=0.5 val=0.5 plateau=0.800 [0.700, 0.900]", "step 4/4 acc=0.5 val=0.6",
+        "step 2/4 acc=0.5 val=0.5 plateau=0.800 [0.700, 0.900]"]
+
+
 def test_no_console_line_when_log_every_is_zero(tmp_path, capsys):
     with MetricsSink(tmp_path, total_steps=2, progress=False, log_every=0) as sink:
         sink.log(1, STEP)

@@ -215,3 +215,27 @@ def test_report_shows_a_few_validation_samples_per_validation_step_wrong_first(t
 def test_report_without_samples_has_no_samples_section(tmp_path):
     _write_run(tmp_path / "bare", _rows(0.1))
     assert "Validation samples" not in write_report([tmp_path / "bare"]).read_text()
+
+
+def test_report_shows_the_forecast_of_a_run_with_enough_validations(tmp_path):
+    from reasonrl.experiments.forecast import Curve, evaluations, forecast
+
+    curve = Curve(0.3, 0.8, 1.5, 2000.0)
+    rows = [{"step": s, "batch/generated_samples": 100.0 * (s > 0)} | ({"val/acc": float(curve(100.0 * s))} if s % 2 == 0 else {})
+            for s in range(0, 21)]
+    # The last two validations logged their forecasts, as a run does.
+    for upto in (18, 20):
+        fc = forecast(*evaluations(rows, upto), 30, 0.7)
+        rows[upto] |= fc.metrics()
+    _write_run(tmp_path / "long", rows, ["train.total_steps=30", "eval.target=0.7"])
+    _write_run(tmp_path / "short", _rows(0.1))  # 2 validations
+    page = write_report([tmp_path / "long", tmp_path / "short"], tmp_path / "out").read_text()
+    assert (tmp_path / "out" / "forecast.png").read_bytes().startswith(PNG) and 'src="forecast.png"' in page
+    section = _section(page, "Forecast of held-out accuracy")
+    expected = forecast(*evaluations(rows), 30, 0.7)  # every validation, to train.total_steps
+    assert f"plateau (A): {expected.plateau:.3f}" in section and "val/acc at step 30" in section
+    assert "val/acc 0.7 reached at step" in section
+    assert "no forecast: not enough evaluations: no samples generated" in section  # its rows have no batch/*
+    table = page.split("<h2>")[0]  # the summary table: the plateau and the step to eval.target with their intervals
+    assert f"<td>{expected.plateau:.3f} [{expected.plateau_lo:.3f}, {expected.plateau_hi:.3f}]</td>" in table
+    assert f"<td>0.7: {expected.target_step:.0f} [" in table

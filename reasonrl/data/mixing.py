@@ -71,6 +71,16 @@ def floored(weights: list[float], floor: float) -> list[float]:
     return [floor + (1.0 - S * floor) * w for w in weights]
 
 
+def check_sources(sources: Iterable[str], floor: float) -> list[str]:
+    """The distinct ``sources``, sorted; InputError when there are fewer than 2 (nothing to mix)
+    or ``floor`` (data.mix_floor) is not in [0, 1/S] for their number S."""
+    distinct = sorted(set(sources))
+    if len(distinct) < 2:
+        raise InputError(f"data.mix = 'adaptive': mixes data sources, and the training data has one: {distinct}")
+    floored([1.0 / len(distinct)] * len(distinct), floor)
+    return distinct
+
+
 def held_out_accuracy(metrics: Mapping[str, float]) -> dict[str, float]:
     """{source: accuracy} of a validation's ``val/acc/<source>`` metrics (mean@k; the
     evaluator logs them when the held-out prompts have several data sources)."""
@@ -89,10 +99,7 @@ class SourceMix:
     """
 
     def __init__(self, sources: Iterable[str], *, by: str, target: float, floor: float, rate: float, ema: float) -> None:
-        self.sources = sorted(set(sources))
-        if len(self.sources) < 2:
-            raise InputError(f"data.mix = 'adaptive': mixes data sources, and the training data has one: {self.sources}")
-        floored([1.0 / len(self.sources)] * len(self.sources), floor)  # the floor's range, checked once
+        self.sources = check_sources(sources, floor)
         if by not in BY:
             raise InputError(f"data.mix_by = {by!r}: expected one of {', '.join(BY)}")
         self.by, self.target, self.floor, self.rate, self.ema = by, target, floor, rate, ema

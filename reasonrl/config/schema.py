@@ -125,7 +125,8 @@ class DataConfig:
     after every rollout batch toward the sources that need it (data.mix_by), from equal
     weights at the start (formulas in reasonrl/data/mixing.py; docs/data.md). Logged every
     step as data/mix/SOURCE (the weights the step's prompts were drawn with) and
-    data/mix_acc/SOURCE (the accuracy average they came from); checkpointed."""
+    data/mix_acc/SOURCE (the accuracy averages after the step's rollout batch, which the next
+    weights come from); checkpointed."""
     mix_by: Literal["gap", "signal"] = "gap"
     """data.mix=adaptive: what a source's need is, from its accuracy average a. 'gap' (DDK's
     discrepancy factor): d = max(data.mix_target - a, 0), the sources that lag the target most

@@ -10,7 +10,8 @@ val/acc first reached B (None: never). Per cell: the ratio S_cell / S_base of ea
 mean, the seeds that reached B at all, and the mean of S_cell - S_base over the seeds that did
 with its 95% paired percentile bootstrap interval (reasonrl.experiments.stats); issue 27's
 criterion for data.mix=adaptive is every seed reaching B, a mean ratio of at most 0.7 and an
-interval below 0. Prints one JSON line.
+interval below 0. The same figures for the sweep's fixed ``target`` accuracy instead of B are
+under ``to_target`` (seeds where the baseline never reached it are left out). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ def samples_to(points: list[tuple[float, int, float]], level: float) -> float | 
     return None if reached is None else reached[1]
 
 
+def paired(seeds: list[dict]) -> dict:
+    """Per cell: the seeds whose cell run reached the level, the mean ratio of the samples and the
+    mean difference (cell - baseline) with its 95% paired bootstrap interval, over those seeds."""
+    reached = [s for s in seeds if s["cell_samples"] is not None]
+    diff = (stats.paired_bootstrap([s["cell_samples"] for s in reached], [s["baseline_samples"] for s in reached])
+            if reached else (None, None, None))
+    return {"seeds": seeds, "reached": len(reached),
+            "mean_ratio": stats.mean([s["ratio"] for s in reached]) if reached else None,
+            "diff_samples": diff[0], "diff_lo": diff[1], "diff_hi": diff[2]}
+
+
 def compare(root: Path) -> dict:
     sweep = read_sweep(root / "sweep.json")
     dirs = {(run.cell.name, run.seed): run.dir for run in sweep.runs(root)}
@@ -49,7 +61,7 @@ def compare(root: Path) -> dict:
     for cell in sweep.cells:
         if cell.name == base.name:
             continue
-        seeds = []
+        seeds, at_target = [], []
         for seed in sweep.seeds:
             b_dir, c_dir = dirs[(base.name, seed)], dirs[(cell.name, seed)]
             if not ((b_dir / "metrics.jsonl").is_file() and (c_dir / "metrics.jsonl").is_file()):
@@ -60,14 +72,13 @@ def compare(root: Path) -> dict:
             seeds.append({"seed": seed, "baseline_best": best, "baseline_samples": s_base, "cell_samples": s_cell,
                           "cell_best": max(p[0] for p in c_points),
                           "ratio": None if s_cell is None else s_cell / s_base})
-        reached = [s for s in seeds if s["cell_samples"] is not None]
-        diff = (stats.paired_bootstrap([s["cell_samples"] for s in reached], [s["baseline_samples"] for s in reached])
-                if reached else (None, None, None))
-        out["cells"].append({
-            "cell": cell.name, "seeds": seeds, "reached": len(reached),
-            "mean_ratio": stats.mean([s["ratio"] for s in reached]) if reached else None,
-            "diff_samples": diff[0], "diff_lo": diff[1], "diff_hi": diff[2],
-        })
+            t_base = samples_to(b_points, sweep.target) if sweep.target is not None else None
+            if t_base is not None:
+                t_cell = samples_to(c_points, sweep.target)
+                at_target.append({"seed": seed, "baseline_samples": t_base, "cell_samples": t_cell,
+                                  "ratio": None if t_cell is None else t_cell / t_base})
+        out["cells"].append({"cell": cell.name, **paired(seeds),
+                             "to_target": {"target": sweep.target, **paired(at_target)}})
     return out
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reasonrl.config import Config
+from reasonrl.data.mixing import check_sources
 from reasonrl.data.splits import tokenize_prompts
 from reasonrl.env.splits import run_splits
 from reasonrl.evaluation import Evaluator
@@ -100,6 +101,8 @@ def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
     for note in (train.note(splits.train_from), test.note(splits.test_from)):
         if note:
             log(f"data: {note}")
+    if cfg.data.mix == "adaptive":  # before anything starts: the producer builds its prompt pool later
+        check_sources([p.data_source for p in train.prompts], cfg.data.mix_floor)
     closers: list[Callable[[], None]] = []
     reservation = None
     if topology.engine == "ray":

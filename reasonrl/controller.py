@@ -32,6 +32,7 @@ from reasonrl.build import RunContext, build
 from reasonrl.checkpoint import ProcessRNG, StateRegistry
 from reasonrl.checkpoint.checkpointer import Checkpointer
 from reasonrl.config import Config, dump
+from reasonrl.data.mixing import held_out_accuracy
 from reasonrl.errors import LimitError
 from reasonrl.experiments.forecast import RunForecast
 from reasonrl.loggers import check_loggers, open_loggers
@@ -316,9 +317,12 @@ class Controller:
 
     def validate(self) -> dict[str, float]:
         """Held-out accuracy of the current weights (:class:`~reasonrl.evaluation.Evaluator`);
-        its sample records are kept in ``val_samples``."""
+        its sample records are kept in ``val_samples``, and with data.mix=adaptive its
+        per-source accuracies (``val/acc/<source>``) go to the prompt pool's mix."""
         metrics = self.evaluator.run(self.step_count)
         self.val_samples = self.evaluator.last_samples
+        if self.cfg.data.mix == "adaptive":
+            self.source.observe_held_out(held_out_accuracy(metrics))
         return metrics
 
     # ---------------------------------------------------------------- run

@@ -21,7 +21,8 @@ runs only them. In order:
 6. the context: every prompt (in tokens, chat template applied once) fits data.max_prompt_len
    and, plus ``rollout.max_new_tokens``, the model's ``max_position_embeddings``, or is cut or
    dropped by ``data.truncation`` (:func:`~reasonrl.data.splits.tokenize_prompts`, which the
-   trainer runs too; the plan counts what it cut or dropped);
+   trainer runs too; the plan counts what it cut or dropped); with ``data.mix=adaptive``, the
+   training prompts have at least two data sources and ``data.mix_floor`` fits their number;
 7. memory: the peak a step needs for this model and batch (:func:`~reasonrl.memory.estimate_memory`,
    from the model's config.json alone) against the memory available (LimitError when it does
    not fit and ``train.memory_check`` is on).
@@ -132,6 +133,10 @@ def preflight(cfg: Config) -> Plan:
 
     train_tokens = tokenize_prompts(train, tokenizer, cfg, context, splits.train_from)
     test_tokens = tokenize_prompts(test, tokenizer, cfg, context, splits.test_from, held_out=True)
+    if cfg.data.mix == "adaptive":
+        from reasonrl.data.mixing import check_sources
+
+        check_sources([p.data_source for p in train_tokens.prompts], cfg.data.mix_floor)
     longest = max(train_tokens.longest, test_tokens.longest)
     cut = "; ".join(filter(None, (train_tokens.note(splits.train_from), test_tokens.note(splits.test_from))))
     from reasonrl.memory import check_fits, estimate_memory

@@ -14,7 +14,11 @@ their absence is said in the page. ``report.html`` holds, in this order:
   (``run.dir``, ``run.loggers``, ... :data:`reasonrl.config.LOGGING_KEYS`) are in a separate, folded table;
 - the plots, PNG files beside the HTML referenced by relative path: reward, accuracy
   (sampled, greedy, pass@k, train), accuracy per data source (``val/acc/<source>``, one panel
-  each), the forecast (``forecast.png``: :func:`forecast_figure`), response length and its clip ratio, entropy, PPO clip fractions, policy loss, KL
+  each), the forecast (``forecast.png``: :func:`forecast_figure`), the adaptive data mix
+  (``data/mix/<source>``: each source's sampling weight over the steps, its accuracy average
+  ``data/mix_acc/<source>`` dashed, one panel a source) and the curriculum
+  (``data/curriculum/*``: prompts retired and returned per step, prompts out of the pool),
+  response length and its clip ratio, entropy, PPO clip fractions, policy loss, KL
   (``actor/ppo_kl``, and ``actor/kl_loss`` with the KL loss on), the sampler/trainer log-prob gap
   (``rollout/logprob_diff_mean``, ``rollout/logprob_kl``: bf16 or vLLM sampling), gradient norm, learning
   rate, dynamic sampling counters (``batch/*``), throughput, tokens and peak memory (``perf/throughput``,
@@ -207,6 +211,7 @@ def plot_specs(runs: list[Run]) -> dict[str, list[Panel]]:
     keys = set().union(*(run.keys() for run in runs))
     pass_at_k = sorted(k for k in keys if _PASS_AT_K.match(k))
     sources = sorted(k for k in keys if k.startswith("val/acc/"))
+    mixed = sorted(k.removeprefix("data/mix/") for k in keys if k.startswith("data/mix/"))
     dashed, dotted, dots = {"linestyle": "--"}, {"linestyle": ":"}, {"marker": "o", "markersize": 3}
     return {
         "reward.png": [Panel("reward (critic/score/mean)", "score", [("critic/score/mean", {})])],
@@ -218,6 +223,15 @@ def plot_specs(runs: list[Run]) -> dict[str, list[Panel]]:
         )],
         "accuracy_by_source.png": [
             Panel(f"held-out accuracy: {k.removeprefix('val/acc/')}", "accuracy", [(k, dots)]) for k in sources
+        ],
+        "data_mix.png": [
+            Panel(f"sampling weight: {source} (data/mix; dashed: its accuracy average, data/mix_acc)", "weight",
+                  [(f"data/mix/{source}", {}), (f"data/mix_acc/{source}", dashed)]) for source in mixed
+        ],
+        "curriculum.png": [
+            Panel("curriculum: prompts retired per step (dashed: returned)", "prompts",
+                  [("data/curriculum/retired", {}), ("data/curriculum/returned", dashed)]),
+            Panel("prompts out of the pool (data/curriculum/out_of_pool)", "prompts", [("data/curriculum/out_of_pool", {})]),
         ],
         "response_length.png": [
             Panel("response length (response_length/mean)", "tokens", [("response_length/mean", {})]),

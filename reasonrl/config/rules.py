@@ -10,7 +10,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any, Callable, Iterator
 
 from reasonrl.config.capabilities import can, cannot
-from reasonrl.config.schema import Config, ConfigError
+from reasonrl.config.schema import DIFFICULTY_LEVELS, Config, ConfigError
 
 
 def validate(cfg: Config) -> None:
@@ -65,6 +65,7 @@ def validate(cfg: Config) -> None:
     _require(t.strategy != "fsdp" or cfg.run.device.startswith("cuda"), "train.strategy", t.strategy,
              f"FSDP shards over GPUs (nccl); on run.device = {cfg.run.device!r} use train.strategy=ddp")
     _check_roles(cfg)
+    _check_data(cfg)
     _require(s.hidden_size % s.heads == 0, "sft.heads", s.heads, f"must divide sft.hidden_size = {s.hidden_size}")
     _require(s.heads % s.kv_heads == 0, "sft.kv_heads", s.kv_heads, f"must divide sft.heads = {s.heads}")
 
@@ -114,6 +115,24 @@ def _check_roles(cfg: Config) -> None:
                  "must be one of " + ", ".join(repr(a) for a in allowed))
 
 
+def _check_data(cfg: Config) -> None:
+    """``data.difficulty`` (embedded families and their levels) and the adaptive mix over the
+    embedded families (at least two, a floor they can all have); a dataset's sources are
+    known only once it is read (reasonrl/data/pool.py checks them then)."""
+    d = cfg.data
+    embedded = d.source == "embedded" and not cfg.env.name
+    for family, level in d.difficulty.items():
+        key, entry = "data.difficulty", f"data.difficulty.{family}"
+        _require(embedded, key, level, "difficulty levels are the embedded task's (data.source=embedded)", entry)
+        _require(family in d.families, key, level, f"{family!r} is not one of data.families {list(d.families)}", entry)
+        _require(level in DIFFICULTY_LEVELS, key, level, "must be one of " + ", ".join(DIFFICULTY_LEVELS), entry)
+    if d.mix == "adaptive" and embedded:
+        sources = len(set(d.families))
+        _require(sources >= 2, "data.mix", d.mix, f"mixes data sources, and data.families {list(d.families)} is one")
+        _require(d.mix_floor <= 1 / sources, "data.mix_floor", d.mix_floor,
+                 f"must be in [0, 1/{sources}] for the {sources} families of data.families (each gets at least the floor)")
+
+
 def _compiles(pattern: str) -> bool:
     try:
         re.compile(pattern)
@@ -150,6 +169,12 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.train_size": _AT_LEAST_1,
     "data.test_size": _AT_LEAST_1,
     "data.max_prompt_len": _AT_LEAST_1,
+    "data.mix_target": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "data.mix_floor": (lambda v: 0 <= v < 1, "in [0, 1/S] for S data sources"),
+    "data.mix_rate": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "data.mix_ema": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "data.curriculum_window": _NON_NEGATIVE,
+    "data.curriculum_revisit": _AT_LEAST_1,
     "sft.hidden_size": _AT_LEAST_1,
     "sft.layers": _AT_LEAST_1,
     "sft.heads": _AT_LEAST_1,
@@ -238,6 +263,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 before the cross-key rules in ``validate`` (which may then divide by the sizes)."""
 
 
-def _require(ok: bool, key: str, value: Any, why: str) -> None:
+def _require(ok: bool, key: str, value: Any, why: str, entry: str = "") -> None:
+    """ConfigError ``key = value: why`` unless ``ok``; ``entry`` names the entry of a mapping
+    field ``key`` instead (``data.difficulty.mul``), the error still ``key``'s."""
     if not ok:
-        raise ConfigError(f"{key} = {value!r}: {why}", key)
+        raise ConfigError(f"{entry or key} = {value!r}: {why}", key)

@@ -58,6 +58,10 @@ class ModelConfig:
     keeps float32 parameters and runs the products in bf16 instead."""
 
 
+DIFFICULTY_LEVELS = ("easy", "full", "hard")
+"""The levels of data.difficulty (reasonrl/data/tasks.py draws them)."""
+
+
 @dataclass(frozen=True)
 class DataConfig:
     source: str | tuple[str, ...] = "embedded"
@@ -75,6 +79,13 @@ class DataConfig:
     so runs compare on one test set)."""
     families: tuple[str, ...] = ("add", "mul", "sum")
     """Embedded task families to draw from."""
+    difficulty: dict[str, Any] = field(default_factory=dict)
+    """Embedded task: the difficulty of each family, ``{family: easy | full | hard}``
+    (``data.difficulty.mul=hard``), training and held-out problems alike; a family not named is
+    ``full``, its whole range. ``easy`` and ``hard`` are the two sides of the family's cut
+    (reasonrl/data/tasks.py LEVELS: add, a carry in the units; mul, a multiplier of 6 or more;
+    sum, a total of 10 or more; chain, 4 terms or more; code, a two-digit constant). The warm
+    start does not depend on it: it is trained on the full range of data.families."""
     train_size: int = 20000
     """Number of embedded training problems."""
     test_size: int = 256
@@ -106,6 +117,47 @@ class DataConfig:
     stops; 'left' keeps its last tokens (the end holds the question and the chat template's
     generation prompt), and its first token too when that is the tokenizer's BOS; 'drop'
     leaves the row out. The prompts cut or dropped are counted and printed at the start."""
+    mix: Literal["uniform", "adaptive"] = "uniform"
+    """How training prompts are drawn across their data sources (each row's data_source: the
+    embedded families, or a dataset's sources). 'uniform': every row once per epoch, so each
+    source in proportion to its rows. 'adaptive': each draw first picks a source with the
+    sampling weights p, then the next row of that source's own epoch order; the weights move
+    after every rollout batch toward the sources that need it (data.mix_by), from equal
+    weights at the start (formulas in reasonrl/data/mixing.py; docs/data.md). Logged every
+    step as data/mix/SOURCE (the weights the step's prompts were drawn with) and
+    data/mix_acc/SOURCE (the accuracy averages after the step's rollout batch, which the next
+    weights come from); checkpointed."""
+    mix_by: Literal["gap", "signal"] = "gap"
+    """data.mix=adaptive: what a source's need is, from its accuracy average a. 'gap' (DDK's
+    discrepancy factor): d = max(data.mix_target - a, 0), the sources that lag the target most
+    get the most. 'signal': d = a * (1 - a), the sources whose pass rate is nearest one half
+    get the most (where groups of samples disagree and GRPO has a gradient; a source that is
+    always or never solved gets only the floor)."""
+    mix_target: float = 1.0
+    """data.mix=adaptive with data.mix_by=gap: the accuracy each source should reach; a source
+    at or above it has no gap and keeps only data.mix_floor. In (0, 1]."""
+    mix_floor: float = 0.05
+    """data.mix=adaptive: the least sampling weight of every source, so none starves:
+    p = floor + (1 - S * floor) * w for S sources and smoothed weights w. In [0, 1/S]
+    (1/S: always equal weights)."""
+    mix_rate: float = 0.3
+    """data.mix=adaptive: how far the weights move toward the new need after each rollout
+    batch (DDK's smoothing): w <- (1 - rate) * w + rate * r, r the sources' needs normalised to
+    sum 1. In (0, 1]; 1: no smoothing."""
+    mix_ema: float = 0.8
+    """data.mix=adaptive: the weight of the old value in each source's accuracy average:
+    a <- ema * a + (1 - ema) * x, for x the source's accuracy over the samples of a rollout
+    batch, and its held-out accuracy (val/acc/SOURCE) after each validation; the first x
+    sets a. In [0, 1); 0: the latest value alone."""
+    curriculum_window: int = 0
+    """A prompt whose groups were all solved (every sample right), or all failed (none
+    right), in each of its last K = curriculum_window observations leaves the pool of
+    training prompts for data.curriculum_revisit rollout batches; 0: off (every prompt stays).
+    Logged as data/curriculum/retired and data/curriculum/returned (prompts per step) and
+    data/curriculum/out_of_pool; checkpointed."""
+    curriculum_revisit: int = 20
+    """data.curriculum_window > 0: the rollout batches (one a step) a retired prompt stays out
+    of the pool before it comes back."""
 
 
 @dataclass(frozen=True)

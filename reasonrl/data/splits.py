@@ -67,9 +67,9 @@ def read_splits(cfg: Config) -> Splits:
         raise InputError(f"data.source = {source_name(d.source)!r}: embedded cannot be listed with data files")
     name = source_name(d.source)
     if sources == ["embedded"]:
-        train, dropped = tasks.to_prompts(tasks.generate(d.families, d.train_size, d.seed, "train"), "train"), None
+        train, dropped = tasks.to_prompts(tasks.generate(d.families, d.train_size, d.seed, "train", d.difficulty), "train"), None
         if not tests:
-            test = tasks.to_prompts(tasks.generate(d.families, d.test_size, d.seed, "test"), "test")
+            test = tasks.to_prompts(tasks.generate(d.families, d.test_size, d.seed, "test", d.difficulty), "test")
             how = "the embedded test split, disjoint from training by a hash of each question"
             return Splits(train, test, name, name, _line(name, train, test, how))
     else:

@@ -81,7 +81,8 @@ class Sample:
     """One sample's record. ``gen_batch``: 0-based generation batch of the ``collect`` call;
     ``group``: its prompt's index in that batch; ``index``: which of the ``n`` samples;
     ``reason``: why it was dropped (``all_correct``, ``all_wrong``, ``surplus``);
-    ``tokens``: tokens generated for it (EOS included), also when aborted."""
+    ``tokens``: tokens generated for it (EOS included), also when aborted; ``correct``: its
+    grade once scored (None before, and when it never was)."""
 
     prompt_id: str
     gen_batch: int
@@ -90,6 +91,7 @@ class Sample:
     state: SampleState = SampleState.QUEUED
     reason: str = ""
     tokens: int = 0
+    correct: bool | None = None
 
 
 class RolloutScheduler:
@@ -220,8 +222,9 @@ class RolloutScheduler:
         if scored.acc.shape[0] != rollout.size:
             raise ValueError(f"score: returned {scored.acc.shape[0]} acc values for {rollout.size} rows")
         groups = rollout.group_ids[:: self.n].tolist()
-        for record, length in zip(self._records(gen_batch, groups), rollout.lengths.tolist()):
-            record.state, record.tokens = SampleState.SCORED, length
+        for record, length, correct in zip(self._records(gen_batch, groups), rollout.lengths.tolist(),
+                                           scored.acc.bool().tolist(), strict=True):
+            record.state, record.tokens, record.correct = SampleState.SCORED, length, correct
         return scored
 
     def _collect_plain(self, next_prompts: NextPrompts):

@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 
 from reasonrl.config import Config
-from reasonrl.data.sampler import PromptSampler
+from reasonrl.data.pool import PromptPool
 from reasonrl.rollout.scheduler import RolloutScheduler, SampleState, merge_stats, trim_padding
 from reasonrl.rollout.seeds import group_seed
 from reasonrl.types import Prompt, RolloutBatch, SamplingParams, ScoredBatch, WeightsUpdate
@@ -59,6 +59,7 @@ class Collected:
     gen_s, reward_s:   seconds decoding and grading; ``idle_s``: the producer's idle time before it
     state:     the producer's state after it (resuming from it draws the next prompts)
     workers:   ``rollout/worker<i>/*`` counts of the fleet's workers during it
+    data:      the prompt pool's ``data/*`` metrics of it (:meth:`PromptPool.end_batch`)
     """
 
     batch: ScoredBatch
@@ -73,6 +74,7 @@ class Collected:
     idle_s: float
     state: dict
     workers: dict[str, float] = field(default_factory=dict)
+    data: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutProducer:
@@ -80,9 +82,11 @@ class RolloutProducer:
 
     ``rollout`` is what the scheduler samples with (a
     :class:`~reasonrl.rollout.fleet.RolloutFleet`); ``reward`` scores the groups; ``prompts``
-    and their token ids the training split. The sampler is seeded with ``run.seed``, and the
-    group of the ``d``-th prompt drawn in the run samples with ``group_seed(run.seed, d)``
-    (:func:`~reasonrl.rollout.seeds.group_seed`), whichever batch or worker generates it.
+    and their token ids the training split. The prompt pool (:class:`~reasonrl.data.pool.PromptPool`:
+    sampler, data mix, curriculum) is seeded with ``run.seed`` and learns from every scored
+    group of each collect; the group of the ``d``-th prompt drawn in the run samples with
+    ``group_seed(run.seed, d)`` (:func:`~reasonrl.rollout.seeds.group_seed`), whichever batch or
+    worker generates it.
     ``sizes(c)`` is the rollout count scheduled for the ``c``-th collect of the run, or None
     (:class:`~reasonrl.runtime.scaling.ScaleSchedule`): before that collect the fleet is
     resized to it, and every worker of the new size serves before the first group goes out.
@@ -95,7 +99,7 @@ class RolloutProducer:
         self.collects = 0
         self.prompts, self.prompt_ids = prompts, prompt_ids
         t, r, a = cfg.train, cfg.rollout, cfg.algo
-        self.sampler = PromptSampler(len(prompts), cfg.run.seed)
+        self.pool = PromptPool(cfg.data, [p.data_source for p in prompts], cfg.run.seed)
         self.seed = cfg.run.seed
         self.draws = 0
         self.scheduler = RolloutScheduler(
@@ -108,14 +112,17 @@ class RolloutProducer:
 
     def _next_prompts(self, k: int) -> list[tuple[Prompt, list[int], int]]:
         """The next ``k`` draws as ``(prompt, token ids, group seed)`` (the scheduler's ``next_prompts``)."""
-        rows = self.sampler.next(k)
+        rows = self.pool.next(k)
         draws = range(self.draws, self.draws + k)
         self._drawn += list(zip(draws, rows))
         self.draws += k
         return [(self.prompts[i], self.prompt_ids[i], group_seed(self.seed, d)) for d, i in zip(draws, rows)]
 
-    def collect(self) -> Collected:
-        """Generate and score one train batch's worth of groups (see :class:`RolloutScheduler`)."""
+    def collect(self, held_out: list[dict] = ()) -> Collected:
+        """Generate and score one train batch's worth of groups (see :class:`RolloutScheduler`),
+        then let the prompt pool learn from them. ``held_out``: validations' per-source
+        accuracies, ``{"after": a, "accuracy": {source: acc}}``, each taken in by collect number
+        a + 1 (the first collect submitted after it was measured) and passed over by later ones."""
         count = self.sizes(self.collects + 1)
         if count is not None and count != self.rollout.target:
             self.rollout.resize(count)
@@ -126,14 +133,19 @@ class RolloutProducer:
         batch, stats = self.scheduler.collect(self._next_prompts)
         self.collects += 1
         n = self.scheduler.n
-        fates = [_fate(s.state, s.reason) for s in self.scheduler.samples[::n]]
+        samples = self.scheduler.samples
+        fates = [_fate(s.state, s.reason) for s in samples[::n]]
         draws = [[draw, row, fate] for (draw, row), fate in zip(self._drawn, fates, strict=True)]
         kept = [self._drawn[i][0] for i in self.scheduler.kept_draws]
+        groups = [(row, sum(s.correct for s in group), n) for (_, row), group
+                  in zip(self._drawn, (samples[i : i + n] for i in range(0, len(samples), n)), strict=True)
+                  if group[0].correct is not None]
+        data = self.pool.end_batch(groups, [h["accuracy"] for h in held_out if h["after"] == self.collects - 1])
         finished = time.time()
         idle, self._idle_since = started - self._idle_since, finished
         timing = self.scheduler.timing
         return Collected(batch, kept, draws, stats, list(self.scheduler.errors), started, finished,
-                         timing["gen"], timing["reward"], idle, self.state_dict(), self.rollout.take_stats())
+                         timing["gen"], timing["reward"], idle, self.state_dict(), self.rollout.take_stats(), data)
 
     def pids(self) -> list[int]:
         """The rollout workers' process ids."""
@@ -170,15 +182,15 @@ class RolloutProducer:
         self.reward.resize(count)
 
     def state_dict(self) -> dict:
-        """``sampler``, ``draws`` (prompts drawn so far: the next draw's index, hence its seed),
-        ``collects`` (the collects so far: the next one's scheduled size) and the reward
-        worker's state. The rollout workers hold none: their weights are published again after
-        a restore."""
-        return {"sampler": self.sampler.state_dict(), "draws": self.draws, "collects": self.collects,
+        """``sampler`` (the prompt pool's state), ``draws`` (prompts drawn so far: the next draw's
+        index, hence its seed), ``collects`` (the collects so far: the next one's scheduled size)
+        and the reward worker's state. The rollout workers hold none: their weights are published
+        again after a restore."""
+        return {"sampler": self.pool.state_dict(), "draws": self.draws, "collects": self.collects,
                 "reward": self.reward.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state["sampler"])
+        self.pool.load_state_dict(state["sampler"])
         self.draws = int(state["draws"])
         self.collects = int(state["collects"])
         self.reward.load_state_dict(state["reward"])
@@ -227,6 +239,12 @@ class _Pending:
     reward_s: float = 0.0
     idle_s: float = 0.0
     workers: dict[str, float] = field(default_factory=dict)
+    data: dict[str, float] = field(default_factory=dict)
+
+
+COUNTED_DATA = ("data/curriculum/retired", "data/curriculum/returned")
+"""The prompt pool's metrics that count events of a collect (summed over a step's collects);
+its other ``data/*`` metrics are levels (the newest one is the step's)."""
 
 
 class GroupQueue:
@@ -234,13 +252,16 @@ class GroupQueue:
 
     :meth:`put` splits a :class:`Collected` into its groups; :meth:`take` hands out the
     oldest ``want`` groups that are fresh for the trainer's version (0 <= staleness <=
-    ``max_staleness``), dropping the others, and returns None while fewer are waiting.
+    ``max_staleness``), dropping the others, and returns None while fewer are waiting. Every
+    take reports the prompt pool's ``data/*`` metrics: those of the collects since the last
+    take, or, when none came, the levels of the last one (and 0 for the counts).
     """
 
     def __init__(self, n: int, pad_id: int, max_staleness: int) -> None:
         self.n, self.pad_id, self.max_staleness = n, pad_id, max_staleness
         self.groups: deque[_Group] = deque()
         self.pending = _Pending()
+        self.last_data: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -262,6 +283,8 @@ class GroupQueue:
         p.idle_s += c.idle_s
         for key, value in c.workers.items():
             p.workers[key] = p.workers.get(key, 0.0) + value
+        for key, value in c.data.items():
+            p.data[key] = p.data.get(key, 0.0) + value if key in COUNTED_DATA else value
 
     def take(self, want: int, version: int) -> SourceBatch | None:
         """``want`` fresh groups as one batch with this step's rollout metrics, or None."""
@@ -299,6 +322,8 @@ class GroupQueue:
             "timing_s/rollout_idle": p.idle_s,
             **p.workers,
         }
+        self.last_data = {**{k: 0.0 if k in COUNTED_DATA else v for k, v in self.last_data.items()}, **p.data}
+        metrics.update(self.last_data)
         record = {"drawn": p.drawn, "trained": [g.draw for g, _ in fresh], "stale": p.stale}
         return SourceBatch(scored, metrics, record, p.errors)
 
@@ -309,15 +334,17 @@ class GroupQueue:
         return {"drawn": self.pending.drawn, "queued": [g.draw for g in self.groups], "stale": self.pending.stale}
 
     def state_dict(self) -> dict:
-        """The waiting groups and the pending metrics, in plain types (``torch.load(weights_only=True)``)."""
+        """The waiting groups, the pending metrics and the last take's ``data/*`` metrics, in plain
+        types (``torch.load(weights_only=True)``)."""
         return {"groups": [{"scored": _scored_state(g.scored), "draw": g.draw, "oldest": g.oldest,
                             "started": g.started, "finished": g.finished} for g in self.groups],
-                "pending": asdict(self.pending)}
+                "pending": asdict(self.pending), "last_data": dict(self.last_data)}
 
     def load_state_dict(self, state: dict) -> None:
         self.groups = deque(_Group(_scored_from_state(g["scored"]), g["draw"], g["oldest"], g["started"], g["finished"])
                             for g in state["groups"])
         self.pending = _Pending(**state["pending"])
+        self.last_data = dict(state["last_data"])
 
 
 def _no_stats() -> dict[str, float]:
@@ -369,6 +396,12 @@ class AsyncSource:
     the fleet's to replace (:class:`~reasonrl.rollout.fleet.RolloutFleet`); an error that
     reaches this source ends the run (the supervisor restarts it from its last checkpoint).
     ``emit(kind, **fields)`` writes the events.
+
+    Held-out accuracies (:meth:`observe_held_out`, data.mix=adaptive) reach the producer's
+    prompt pool with the collects: one measured when a collects had been submitted is taken
+    in by collect a + 1, whatever the timing, so lockstep runs stay deterministic; it is kept
+    (and checkpointed) until that collect is delivered, so a resumed run hands it to the same
+    collect again.
     """
 
     def __init__(
@@ -393,6 +426,10 @@ class AsyncSource:
         self.outstanding: deque[tuple[Future, int, list[Future]]] = deque()  # (collect, version, loads before it)
         self.group = None
         self._sent_version: int | None = None
+        self.delivered = 0
+        """Collects delivered (pulled) so far; those submitted are these and ``outstanding``."""
+        self.held_out: list[dict] = []
+        """``{"after", "accuracy"}`` of the held-out accuracies that no delivered collect took in yet."""
         self.weight_sync_s = 0.0
         """Seconds the last :meth:`publish` took until every rollout worker held the weights."""
         self.weight_sync: dict[str, float] = {"weight_sync/bytes": 0.0, "weight_sync/delta_frac": 0.0}
@@ -424,7 +461,9 @@ class AsyncSource:
         if self.lockstep and self._sent_version != self.latest.version:
             loads = self.group.submit("load_staged", self.latest.version)
             self._sent_version = self.latest.version
-        [collect] = self.group.submit("collect")
+        number = self.delivered + len(self.outstanding) + 1
+        due = [h for h in self.held_out if h["after"] < number]
+        [collect] = self.group.submit("collect", due) if due else self.group.submit("collect")
         self.outstanding.append((collect, self.latest.version, loads))
 
     def _pull(self) -> None:
@@ -438,6 +477,8 @@ class AsyncSource:
         self.outstanding.popleft()
         collected: Collected = collect.result()
         self.cursor = collected.state
+        self.delivered += 1
+        self.held_out = [h for h in self.held_out if h["after"] >= self.delivered]
         self.queue.put(collected)
 
     # ------------------------------------------------------------ the source protocol
@@ -452,6 +493,12 @@ class AsyncSource:
         batch.metrics["rollout/queue_length"] += self.want * sum(f.done() for f, _, _ in self.outstanding)
         batch.metrics["timing_s/trainer_idle"] = time.perf_counter() - began
         return batch
+
+    def observe_held_out(self, accuracy: dict[str, float]) -> None:
+        """Per-source held-out accuracies of a validation, for the producer's prompt pool (the
+        class docstring says which collect takes them in)."""
+        if accuracy:
+            self.held_out.append({"after": self.delivered + len(self.outstanding), "accuracy": dict(accuracy)})
 
     def publish(self, update: WeightsUpdate) -> None:
         self.latest = update
@@ -490,7 +537,8 @@ class AsyncSource:
         the last collect delivered."""
         while self.lockstep and self.outstanding and self.outstanding[0][1] < self.latest.version:
             self._pull()
-        return {"producer": self.cursor, "queue": self.queue.state_dict()}
+        return {"producer": self.cursor, "queue": self.queue.state_dict(), "delivered": self.delivered,
+                "held_out": [dict(h) for h in self.held_out]}
 
     def load_state_dict(self, state: dict) -> None:
         """Before the first batch only (a resume): the producer starts from ``state``."""
@@ -498,6 +546,8 @@ class AsyncSource:
             raise RuntimeError("AsyncSource.load_state_dict: the producer has started; restore before the first batch")
         self.cursor = state["producer"]
         self.queue.load_state_dict(state["queue"])
+        self.delivered = int(state["delivered"])
+        self.held_out = [dict(h) for h in state["held_out"]]
 
     def close(self) -> None:
         if self.group is not None:

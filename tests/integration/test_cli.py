@@ -102,6 +102,18 @@ def test_a_dry_run_checks_everything_prints_the_plan_and_writes_nothing(capsys, 
     huge = ["train.prompts_per_step=400000", "rollout.n=16", "train.mini_batch_size=6400000"]
     code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), *huge)
     assert code == 2 and "GB at peak" in err and "train.memory_check=false" in err, err
+    # An adaptive mix over a dataset's sources, counted once the data is read.
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{i}+1=?", "ground_truth": str(i + 1), "data_source": f"s{i % 3}"}) + "\n"
+                            for i in range(30)))
+    code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), f"data.source={rows}",
+                         "data.mix=adaptive", "data.mix_floor=0.4")
+    assert code == 2 and "data.mix_floor = 0.4: expected a value in [0, 1/3] for the 3 data sources" in err, err
+    one = tmp_path / "one.jsonl"
+    one.write_text("".join(json.dumps({"prompt": f"{i}+1=?", "ground_truth": str(i + 1)}) + "\n" for i in range(30)))
+    code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), f"data.source={one}",
+                         "data.mix=adaptive")
+    assert code == 2 and "data.mix = 'adaptive': mixes data sources, and the training data has one" in err, err
     assert not run.exists()
 
 

@@ -76,6 +76,34 @@ def test_resumed_run_ends_with_the_same_weights_and_rows(model_dir, tmp_path, tr
     assert "resume" in kinds
 
 
+def test_resumed_run_with_the_adaptive_mix_and_the_curriculum_ends_with_the_same_mix_and_weights(model_dir, tmp_path):
+    """data.mix=adaptive, with held-out accuracies folded in, and the curriculum: a run stopped
+    at step 2 (after a validation whose accuracies only collect 4 takes in) and resumed ends
+    with the same policy weights, mix weights, resting prompts and metric rows as one never stopped."""
+    settings = ["data.train_size=8", "data.mix=adaptive", "data.mix_floor=0.1", "data.mix_rate=0.5",
+                "data.curriculum_window=1", "data.curriculum_revisit=1", "eval.every_steps=2", "checkpoint.every_steps=1"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    whole = Controller(config(model_dir, straight, *settings, "train.total_steps=4"))
+    whole.run()
+    Controller(config(model_dir, split, *settings, "train.total_steps=2")).run()
+    resumed = Controller(config(model_dir, split, *settings, "train.total_steps=4"))
+    resumed.run()
+    a = load_file(straight / "checkpoints/step_4/policy.safetensors")
+    b = load_file(split / "checkpoints/step_4/policy.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    pool = whole.source.cursor["sampler"]
+    assert pool == resumed.source.cursor["sampler"] and pool["mix"]["weights"] != {s: 1 / 3 for s in pool["mix"]["weights"]}
+    drop = lambda r: {k: v for k, v in r.items() if not k.startswith("timing_s/") and not k.endswith("/busy_s") and k not in ("time", "ettr", "time_lost_s", "mttr_s", "perf/throughput", "perf/max_memory_gb")}
+    rows = read_jsonl(straight / "metrics.jsonl")
+    assert [drop(r) for r in rows] == [drop(r) for r in read_jsonl(split / "metrics.jsonl")]
+    weights = [[r[f"data/mix/embedded/{f}"] for f in ("add", "mul", "sum")] for r in rows[1:]]
+    assert weights[0] == pytest.approx([1 / 3] * 3) and all(sum(w) == pytest.approx(1.0) for w in weights)
+    assert len({tuple(w) for w in weights}) == 4  # the weights moved every step
+    assert sum(r["data/curriculum/retired"] for r in rows[1:]) > 0
+    # the last validation's accuracies wait for a collect 5 that never came
+    assert [sorted(h["accuracy"]) for h in whole.source.held_out] == [["embedded/add", "embedded/mul", "embedded/sum"]]
+
+
 def test_resume_with_an_incompatible_config_is_refused(model_dir, tmp_path):
     Controller(config(model_dir, tmp_path, "train.total_steps=1")).run()
     with pytest.raises(ResumeError, match="different configuration"):

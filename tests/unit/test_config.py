@@ -187,6 +187,21 @@ def test_missing_recipe(tmp_path):
         (["run.device=gpu"], "run.device = 'gpu': must be cpu, cuda, cuda:N or mps"),
         (["sft.heads=5"], "sft.heads = 5: must divide sft.hidden_size = 192"),
         (["sft.kv_heads=4"], "sft.kv_heads = 4: must divide sft.heads = 6"),
+        (["data.mix=mixed"], "data.mix = 'mixed': expected one of 'uniform', 'adaptive'"),
+        (["data.mix_by=loss"], "data.mix_by = 'loss': expected one of 'gap', 'signal'"),
+        (["data.mix_floor=-0.1"], "data.mix_floor = -0.1: must be in [0, 1/S] for S data sources"),
+        (["data.mix=adaptive", "data.mix_floor=0.4"],
+         "data.mix_floor = 0.4: must be in [0, 1/3] for the 3 families of data.families"),
+        (["data.mix=adaptive", "data.families=[add]"], "data.mix = 'adaptive': mixes data sources, and data.families ['add'] is one"),
+        (["data.mix_target=0"], "data.mix_target = 0.0: must be in (0, 1]"),
+        (["data.mix_rate=0"], "data.mix_rate = 0.0: must be in (0, 1]"),
+        (["data.mix_ema=1"], "data.mix_ema = 1.0: must be in [0, 1)"),
+        (["data.curriculum_window=-1"], "data.curriculum_window = -1: must be >= 0"),
+        (["data.curriculum_revisit=0"], "data.curriculum_revisit = 0: must be >= 1"),
+        (["data.difficulty.mul=tricky"], "data.difficulty.mul = 'tricky': must be one of easy, full, hard"),
+        (["data.difficulty.chain=hard"], "data.difficulty.chain = 'hard': 'chain' is not one of data.families ['add', 'mul', 'sum']"),
+        (["data.source=rows.jsonl", "data.difficulty.add=easy"],
+         "data.difficulty.add = 'easy': difficulty levels are the embedded task's (data.source=embedded)"),
     ],
 )
 def test_validation_errors(overrides, expected):
@@ -217,6 +232,9 @@ def test_validate_on_a_built_config():
         ["rollout.n=1", "train.mini_batch_size=16", "algo.adv_estimator=reinforce_pp"],
         ["rollout.n=1", "train.mini_batch_size=16", "algo.adv_estimator=gae", "algo.dynamic_sampling=true"],
         ["rollout.mode=async", "rollout.max_staleness=2", "algo.off_policy=decoupled"],
+        ["data.mix=adaptive", "data.mix_by=signal", "data.mix_floor=0.3333333333333333", "data.curriculum_window=2",
+         "data.difficulty.add=hard", "data.difficulty.sum=easy"],
+        ["data.source=rows.jsonl", "data.mix=adaptive", "data.mix_floor=0.5"],  # its sources are counted once it is read
     ],
 )
 def test_valid_configs(overrides):

@@ -12,7 +12,8 @@ from reasonrl.report import Run, line_figure, plot_specs, write_report
 PNG = b"\x89PNG\r\n\x1a\n"
 
 LINE_PLOTS = [
-    "reward.png", "accuracy.png", "accuracy_by_source.png", "response_length.png", "entropy.png", "clipfrac.png",
+    "reward.png", "accuracy.png", "accuracy_by_source.png", "data_mix.png", "curriculum.png", "response_length.png",
+    "entropy.png", "clipfrac.png",
     "policy_loss.png", "kl.png", "grad_norm.png", "lr.png", "dynamic_sampling.png", "throughput.png",
 ]
 
@@ -45,6 +46,12 @@ def _rows(scale):
             "timing_s/gen": 2.0,
             "timing_s/update_actor": 1.0,
             "timing_s/step": 3.5,
+            "data/mix/embedded/add": 0.5 + 0.05 * step,
+            "data/mix/embedded/mul": 0.5 - 0.05 * step,
+            "data/mix_acc/embedded/add": 0.1 * step,
+            "data/curriculum/retired": step,
+            "data/curriculum/returned": step - 1,
+            "data/curriculum/out_of_pool": 2 * step,
         }
         if step % 2 == 0:
             row |= {"val/acc": 0.125 * step, "val/acc_greedy": 0.2 * step, "val/pass@4": 0.25 * step,
@@ -137,6 +144,17 @@ def test_plots_have_integer_steps_and_mark_events():
     by_source = line_figure(runs, specs["accuracy_by_source.png"])
     assert [a.get_title() for a in by_source.axes] == ["held-out accuracy: a", "held-out accuracy: b"]
     assert line_figure(runs, specs["throughput.png"]) is None  # no run has perf/*
+    assert line_figure(runs, specs["data_mix.png"]) is None and line_figure(runs, specs["curriculum.png"]) is None
+
+
+def test_the_data_mix_plot_has_a_panel_a_source_with_its_weights_over_the_steps():
+    runs = [Run("adaptive", _rows(0.1))]
+    fig = line_figure(runs, plot_specs(runs)["data_mix.png"])
+    add, mul = fig.axes
+    assert add.get_title().startswith("sampling weight: embedded/add") and mul.get_title().startswith("sampling weight: embedded/mul")
+    weights, accuracy = add.lines  # the weight, and the accuracy average dashed
+    assert list(weights.get_xdata()) == [1, 2, 3, 4] and list(weights.get_ydata()) == pytest.approx([0.55, 0.6, 0.65, 0.7])
+    assert accuracy.get_linestyle() == "--" and len(mul.lines) == 1  # mul has no accuracy average logged
 
 
 def test_one_run_without_config_defaults_to_run_dir(tmp_path):

@@ -135,3 +135,63 @@ def test_admission_keeps_at_most_max_staleness_batches_ahead(lockstep):
     # lockstep: the weights cross at once (staged), and their version is loaded in line
     # before the collect; async: offered at once
     assert sent[-2:] == ([("stage_weights", 1), ("load_staged", 1)] if lockstep else [("load_weights", 0), ("offer_weights", 1)])
+
+
+class _Recorder(_Rollout):
+    """The stand-in rollout process, recording each collect's arguments and the state it is
+    restored from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collects: list[tuple] = []
+        self.restored: list[dict] = []
+
+    def submit(self, method: str, *args):
+        if method in ("collect", "load_state_dict"):
+            (self.collects if method == "collect" else self.restored).append(args)
+            args = ()
+        return super().submit(method, *args)
+
+
+def test_held_out_accuracies_go_with_the_collect_submitted_after_them_also_after_a_resume():
+    def source_on(rollout):
+        return AsyncSource(lambda: rollout, WeightsUpdate(0, {}), n=N, pad_id=PAD, want=2, max_staleness=0,
+                           lockstep=True, timeout_s=5, emit=lambda *a, **k: None)
+
+    rollout = _Recorder()
+    source = source_on(rollout)
+    source.publish(WeightsUpdate(0, {}))  # collect 1 submitted
+    source.observe_held_out({"a": 0.5})  # the step-0 validation: after 1 collect
+    source.observe_held_out({})  # a validation without per-source accuracies sends nothing
+    rollout.futures[0].set_result(collected([0, 0], first_draw=0))
+    source.next_batch(0)
+    source.publish(WeightsUpdate(1, {}))  # collect 2 takes it in
+    due = [{"after": 1, "accuracy": {"a": 0.5}}]
+    assert rollout.collects == [(), (due,)]
+    state = source.state_dict()  # collect 2 not delivered yet: the accuracies are kept
+    assert state["delivered"] == 1 and state["held_out"] == due
+    resumed = _Recorder()
+    again = source_on(resumed)
+    again.load_state_dict(state)
+    again.publish(WeightsUpdate(1, {}))  # the resumed run's collect 2
+    assert resumed.restored == [({"draws": 3},)] and resumed.collects == [(due,)]
+    resumed.futures[0].set_result(collected([1, 1], first_draw=2))
+    again.next_batch(1)
+    assert again.state_dict()["held_out"] == []  # collect 2 delivered: taken in
+
+
+def test_data_metrics_of_a_step_sum_the_counts_of_its_collects_and_keep_the_newest_levels():
+    from dataclasses import replace
+
+    def with_data(c, retired, weight):
+        return replace(c, data={"data/curriculum/retired": retired, "data/mix/a": weight})
+
+    queue = GroupQueue(N, PAD, max_staleness=1)
+    queue.put(with_data(collected([1], first_draw=0), 2.0, 0.25))
+    queue.put(with_data(collected([1, 1], first_draw=2), 3.0, 0.75))
+    first = queue.take(2, version=1)
+    assert (first.metrics["data/curriculum/retired"], first.metrics["data/mix/a"]) == (5.0, 0.75)
+    restored = GroupQueue(N, PAD, max_staleness=1)
+    restored.load_state_dict(queue.state_dict())
+    second = restored.take(1, version=1)  # no collect since: the levels stay, no prompt retired
+    assert (second.metrics["data/curriculum/retired"], second.metrics["data/mix/a"]) == (0.0, 0.75)

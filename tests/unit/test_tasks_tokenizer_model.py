@@ -45,6 +45,39 @@ def test_splits_are_disjoint_deterministic_and_distinct():
     assert [p.question for p in other] != [p.question for p in test]
 
 
+def _hard(p: tasks.Problem) -> bool:
+    """The cut of each family's levels, computed from the question."""
+    expr = p.question.split("=")[0]
+    if p.family == "add":
+        a, b = map(int, expr.split("+"))
+        return a % 10 + b % 10 >= 10
+    if p.family == "mul":
+        return int(expr.split("*")[1]) >= 6
+    if p.family == "sum":
+        return eval(expr) >= 10
+    if p.family == "chain":
+        return expr.count("+") >= 3
+    return int(p.question.split("+")[1]) >= 10  # code: f(x)=a*x+b
+
+
+def test_difficulty_levels_keep_their_side_of_each_familys_cut():
+    families = ("add", "mul", "sum", "chain", "code")
+    full = tasks.generate(families, 500, seed=2, split="train")
+    assert {_hard(p) for p in full if p.family != "code"} == {False, True}  # full: both sides of every cut
+    for level in ("easy", "hard"):
+        problems = tasks.generate(families, 500, seed=2, split="train", difficulty={f: level for f in families})
+        assert {p.family for p in problems} == set(families)
+        assert all(_hard(p) == (level == "hard") for p in problems)
+    mixed = tasks.generate(("add", "mul"), 100, seed=2, split="test", difficulty={"mul": "hard"})
+    assert {_hard(p) for p in mixed if p.family == "add"} == {False, True}
+    assert all(_hard(p) for p in mixed if p.family == "mul")
+    assert tasks.generate(families, 50, 2, "train", {f: "full" for f in families}) == tasks.generate(families, 50, 2, "train")
+    with pytest.raises(ValueError, match="data.difficulty.div: 'div' is not one of data.families"):
+        tasks.generate(("add",), 4, 0, "train", {"div": "easy"})
+    with pytest.raises(ValueError, match="data.difficulty.add = 'medium': expected one of easy, full, hard"):
+        tasks.generate(("add",), 4, 0, "train", {"add": "medium"})
+
+
 def test_bad_family_and_split_are_clear_errors():
     with pytest.raises(ValueError, match=r"data.families: unknown task families \['div'\]; allowed: \['add', 'chain', 'code', 'mul', 'sum'\]"):
         tasks.generate(("add", "div"), 4, 0, "train")

@@ -25,8 +25,9 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/reasonrl demo
 
-# The suite on $(JOBS) pytest-xdist workers (each xdist_group on one of them: one Ray cluster at a
-# time), then the tests marked serial alone, since they detect hangs and slowdowns by wall time.
+# The suite on $(JOBS) pytest-xdist workers, each pinned to a core of its own (tests/conftest.py)
+# and each xdist_group on one of them (one Ray cluster at a time), then the tests marked serial
+# alone, on every core, since they detect hangs and slowdowns by wall time.
 # Both parts run; make fails if either does.
 test: install docs
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not serial" --timeout=900 --durations=15; \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,19 @@ def shared(name: str) -> str:
     return str(file)
 
 PAD, EOS, VOCAB = 0, 1, 32
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (make test), pin each worker to one core of its own: the runs in it
+    size their torch threads by the cores they may use (reasonrl.runtime.available_cores), so
+    two workers never run two multi-threaded torch processes on the same cores, where their
+    spinning threads slow each other several times over."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) > 1:
+            os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+
 
 
 def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:

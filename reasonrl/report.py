@@ -606,7 +606,7 @@ def _configs_section(runs: list[Run]) -> str:
     return "\n".join(parts)
 
 
-_PAGE = """<!DOCTYPE html>
+_HEAD = """<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -623,7 +623,10 @@ pre {{ background: #f6f6f6; padding: 1em; }}
 details {{ margin-bottom: 1.5em; }}
 </style>
 </head>
-<body>
+"""
+"""The page head of the run report and of the sweep summary (one style for both)."""
+
+_PAGE = _HEAD + """<body>
 <h1>{title}</h1>
 {summary}
 {configs}

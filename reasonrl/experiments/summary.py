@@ -37,7 +37,7 @@ from matplotlib.ticker import MaxNLocator
 from reasonrl.experiments import stats
 from reasonrl.experiments.sweep import Cell, Sweep
 from reasonrl.metrics import read_jsonl, write_atomic
-from reasonrl.report import _fit, _fmt_duration, _table
+from reasonrl.report import _HEAD, _fit, _fmt_duration, _table
 
 LEVEL = 0.95
 """The confidence level of every interval of the summary."""
@@ -287,21 +287,7 @@ def diffs_figure(cells: list[CellSummary]) -> Figure | None:
     return fig
 
 
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{title}</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; }}
-table {{ border-collapse: collapse; margin-bottom: 2em; }}
-th, td {{ border: 1px solid #bbb; padding: 0.3em 0.7em; text-align: right; }}
-th:first-child, td:first-child {{ text-align: left; }}
-img {{ max-width: 100%; display: block; margin-bottom: 1.5em; }}
-pre {{ background: #f6f6f6; padding: 1em; }}
-</style>
-</head>
-<body>
+_PAGE = _HEAD + """<body>
 <h1>{title}</h1>
 <p>{intro}</p>
 {summary}

@@ -28,11 +28,14 @@ demo: install
 # The suite on $(JOBS) pytest-xdist workers, each pinned to a core of its own (tests/conftest.py)
 # and each xdist_group on one of them (one Ray cluster at a time), then the tests marked serial
 # alone, on every core, since they detect hangs and slowdowns by wall time.
-# Both parts run; make fails if either does.
+# Both parts run; make fails if either does (a part that a PYTEST_ADDOPTS filter leaves empty,
+# pytest's exit status 5, is no failure).
 test: install docs
+	status=0; \
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not serial" --timeout=900 --durations=15; \
-	status=$$?; \
-	$(BIN)/python -m pytest -q -m serial --timeout=900 --durations=5 || status=1; \
+	rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || status=1; \
+	$(BIN)/python -m pytest -q -m serial --timeout=900 --durations=5; \
+	rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || status=1; \
 	exit $$status
 
 # The docs site in site/: the config and CLI reference pages are generated from the code first,

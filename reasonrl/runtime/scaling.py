@@ -49,11 +49,19 @@ def _path(run_dir: Path) -> Path:
     return Path(run_dir) / SCALE_FILE
 
 
-def _read(run_dir: Path) -> dict:
-    """scale.json as it is: role counts, and ``schedule`` ([step, rollout count] pairs) when one was asked for."""
+def _mtime(path: Path) -> int | None:
+    """When ``path`` last changed (None: it is not there): one ``stat``."""
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
+def _read(run_dir: Path) -> tuple[dict[str, int], list[list[int]]]:
+    """scale.json's role counts, and its ``schedule``'s [step, rollout count] pairs ([] when none was asked for)."""
     path = _path(run_dir)
     if not path.is_file():
-        return {}
+        return {}, []
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
@@ -65,17 +73,17 @@ def _read(run_dir: Path) -> dict:
     if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)
                                               for p in pairs):
         raise InputError(f"{path}: {SCHEDULE!r} must be a list of [step, rollout count] pairs, got {pairs!r}")
-    return kept
+    return counts, pairs
 
 
 def requested(run_dir: str | Path) -> dict[str, int]:
     """The counts asked for so far, without a step ({} when none was)."""
-    return {k: v for k, v in _read(Path(run_dir)).items() if k != SCHEDULE}
+    return _read(Path(run_dir))[0]
 
 
 def schedule(run_dir: str | Path) -> list[tuple[int, int]]:
     """The rollout counts asked for at a step, as (step, count) in step order ([] when none was)."""
-    return [(step, count) for step, count in _read(Path(run_dir)).get(SCHEDULE, [])]
+    return [(step, count) for step, count in _read(Path(run_dir))[1]]
 
 
 def check_counts(cfg: Config, counts: dict[str, int], source: str) -> None:
@@ -102,16 +110,15 @@ def request_scale(run_dir: str | Path, counts: dict[str, int], at_step: int | No
     if not config.is_file():
         raise InputError(f"{config}: no such file; is {run_dir} a run directory (run.dir) that has started?")
     check_counts(load(config), counts, "reasonrl scale")
-    kept = _read(run_dir)
-    pairs = {step: count for step, count in kept.get(SCHEDULE, [])}
+    merged, kept_pairs = _read(run_dir)
+    pairs = dict(kept_pairs)
     if at_step is not None:
         if type(at_step) is not int or at_step < 1 or set(counts) != {"rollout"}:
             raise InputError(f"reasonrl scale --at-step {at_step!r}: expected a step >= 1 and rollout=N alone (a "
                              f"schedule is the rollout fleet's; other roles change when the run next starts)")
         pairs[at_step] = counts["rollout"]
-        merged = {k: v for k, v in kept.items() if k != SCHEDULE}
     else:
-        merged = {**{k: v for k, v in kept.items() if k != SCHEDULE}, **counts}
+        merged = {**merged, **counts}
         if "rollout" in counts:
             pairs = {}
     if pairs:
@@ -137,17 +144,11 @@ class ScaleWatch:
 
     def __init__(self, run_dir: str | Path, cfg: Config) -> None:
         self.path, self.cfg = _path(Path(run_dir)), cfg
-        self._stamp = self._mtime()
+        self._stamp = _mtime(self.path)
         self._counts = {role: getattr(cfg.runtime.roles, role).count for role in LIVE}
 
-    def _mtime(self) -> int | None:
-        try:
-            return self.path.stat().st_mtime_ns
-        except FileNotFoundError:
-            return None
-
     def poll(self) -> dict[str, int]:
-        stamp = self._mtime()
+        stamp = _mtime(self.path)
         if stamp == self._stamp:
             return {}
         self._stamp = stamp
@@ -169,12 +170,9 @@ class ScaleSchedule:
         self._pairs: list[tuple[int, int]] = []
 
     def count(self, collect: int) -> int | None:
-        try:
-            stamp = _path(self.run_dir).stat().st_mtime_ns
-        except FileNotFoundError:
-            stamp = None
+        stamp = _mtime(_path(self.run_dir))
         if stamp != self._stamp:
-            self._stamp, self._pairs = stamp, schedule(self.run_dir) if stamp is not None else []
+            self._stamp, self._pairs = stamp, schedule(self.run_dir)
         due = [count for step, count in self._pairs if step <= collect]
         return due[-1] if due else None
 

@@ -545,7 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line as the commands read it; bad usage exits 2 with argparse's message."""
     parser = build_parser()
     # Positionals may follow flags (`train grpo --no-supervisor a=b`): argparse leaves the
     # later ones over, which belong to the command's positional list.
@@ -557,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, positional, [*getattr(args, positional), *rest])
     if args.command in ("sft", "eval", "config") and args.recipe and "=" in args.recipe:
         args.overrides, args.recipe = [args.recipe, *args.overrides], None
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         return args.fn(args)
     except FatalError as err:

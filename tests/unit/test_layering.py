@@ -1,11 +1,9 @@
 """The package's layering: a module imports only from its own layer or the layers before it,
 no two modules import each other, and processes are created in a few places only.
 
-DESIGN.md's layering line, with the modules it does not name placed where their imports put them:
-
-    types, errors, plugins, metrics, samples <- config, loggers <- algo <- models, precision
-    <- data, reward, env <- rollout, train, warmstart, memory <- checkpoint <- workers <- runtime
-    <- resilience <- build, controller, experiments, evaluation, preflight, report <- cli
+The layers are the ones docs/architecture.md draws under "## Layering" (its first backticked
+line, ``a, b <- c <- ...``): the page and the check cannot disagree, and a module the page does
+not place fails the check with a message saying where to add it.
 
 Every import counts for the layers, also one inside a function (a lazy import still ties the
 layers). Import cycles are checked over the imports a module runs when it is imported (its
@@ -15,28 +13,23 @@ module-level ones, ``if TYPE_CHECKING:`` blocks included).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import reasonrl
 
 PACKAGE = Path(reasonrl.__file__).parent
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
-LAYERS: list[set[str]] = [
-    # __version__: the package root's, read by the CLI. plugins (loads module:Name and file.py:Name), metrics and
-    # samples (metric and sample records) import only the standard library, errors and types.
-    {"types", "errors", "__version__", "plugins", "metrics", "samples", "restarts"},
-    {"config", "loggers"},  # loggers: given the resolved config
-    {"algo"},
-    {"models", "precision"},
-    {"data", "reward", "env"},
-    {"rollout", "train", "warmstart", "memory"},  # warmstart trains through a rollout backend and the agent loop
-    {"checkpoint"},
-    {"workers"},
-    {"runtime"},
-    {"resilience"},
-    {"build", "controller", "experiments", "evaluation", "ledger", "preflight", "report"},  # evaluation runs workers in groups
-    {"cli"},
-]
+
+def drawn_layers(text: str) -> list[set[str]]:
+    """The layers of the first backticked span after ``## Layering``, left (lowest) to right."""
+    section = text.split("\n## Layering\n", 1)[1]
+    line = re.search(r"`([^`]+<-[^`]+)`", section, re.S).group(1)
+    return [{name.strip() for name in layer.split(",")} for layer in " ".join(line.split()).split("<-")]
+
+
+LAYERS: list[set[str]] = drawn_layers(ARCHITECTURE.read_text(encoding="utf-8"))
 
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     # (importing module, imported module): why it stays until a code change removes it. Empty: every import of
@@ -54,21 +47,28 @@ MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 def layer_of(module: str) -> int:
     """The layer of ``reasonrl.<top>[...]`` by its first component below the package."""
-    top = module.split(".")[1] if "." in module else ""
+    if module == "reasonrl":
+        return 0  # the package root: its version, read from the installed metadata
+    top = module.split(".")[1]
     for index, names in enumerate(LAYERS):
         if top in names:
             return index
-    raise AssertionError(f"{module}: not in any layer of tests/unit/test_layering.py; add it to LAYERS")
+    raise AssertionError(f"{module}: not in any layer docs/architecture.md draws under '## Layering'; add it there")
 
 
 def imports(path: Path) -> set[str]:
-    """Every ``reasonrl.*`` module ``path`` imports, lazily or not (``from reasonrl import x``: ``reasonrl.x``)."""
+    """Every ``reasonrl.*`` module ``path`` imports, lazily or not (``from reasonrl import x``: ``reasonrl.x``
+    for a module x, ``reasonrl`` for a name of the package root such as ``__version__``)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("reasonrl.")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("reasonrl"):
-            found.add(node.module if node.module != "reasonrl" else f"reasonrl.{node.names[0].name}")
+            if node.module != "reasonrl":
+                found.add(node.module)
+            for alias in node.names if node.module == "reasonrl" else ():  # a module, or a name of the root
+                is_module = (PACKAGE / alias.name).is_dir() or (PACKAGE / f"{alias.name}.py").is_file()
+                found.add(f"reasonrl.{alias.name}" if is_module else "reasonrl")
     return found
 
 
@@ -205,3 +205,15 @@ def test_the_cycle_check_finds_cycles_and_names_submodules(tmp_path):
                       "if TYPE_CHECKING:\n    from reasonrl.env.base import Env\n"
                       "def f():\n    from reasonrl import cli\n")
     assert import_time_imports(module) == {"reasonrl.warmstart": 2, "reasonrl": 2, "reasonrl.env.base": 4}
+
+
+def test_every_module_of_the_package_has_a_layer_and_every_layer_a_module():
+    tops = {path.relative_to(PACKAGE).parts[0].removesuffix(".py") for path in PACKAGE.rglob("*.py")} - {"__init__"}
+    drawn = set().union(*LAYERS)
+    assert tops - drawn == set(), "add these to the layers of docs/architecture.md"
+    assert drawn - tops == set(), "docs/architecture.md draws layers for modules that do not exist"
+
+
+def test_the_layers_are_read_from_the_drawing():
+    page = "# A\n\n## Layering\n\nSome words `types, errors <-\n config <- cli`, more.\n\n## Next\n`x <- y`\n"
+    assert drawn_layers(page) == [{"types", "errors"}, {"config"}, {"cli"}]

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 import torch
 
@@ -86,3 +90,54 @@ def is_loopback(ip: str) -> bool:
     """Whether ``ip`` (v4, v6 or v4-mapped v6) is a loopback address."""
     addr = ipaddress.ip_address(ip)
     return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+
+class RayHead:
+    """A head started with ``ray start --head`` on 127.0.0.1, as a user starts one, in a temp dir
+    of its own: :meth:`stop` ends that head's processes only (``ray stop`` would end every Ray
+    cluster on the machine)."""
+
+    def __init__(self, temp_dir: str, cpus: int = 2) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.temp_dir = temp_dir
+        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # as docs/ray.md starts a loopback head
+        command = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
+                   f"--port={self.port}", f"--num-cpus={cpus}", "--include-dashboard=false", "--disable-usage-stats",
+                   f"--temp-dir={temp_dir}"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            self.stop()
+            raise RuntimeError(f"ray start failed ({done.returncode}): {done.stderr[-2000:]}")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def pids(self) -> list[int]:
+        """The head's processes: every process whose command line names its temp dir, and their children."""
+        own = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        if self.temp_dir.encode() in f.read():
+                            own.append(int(entry))
+                except OSError:
+                    continue
+        return sorted({pid for root in own for pid in process_tree(root)})
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self.pids():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + timeout_s
+            while self.pids() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if not self.pids():
+                return
+        raise RuntimeError(f"the Ray head in {self.temp_dir} did not stop: {self.pids()}")

@@ -151,8 +151,13 @@ def connect(runtime_cfg: RuntimeConfig, cpus: int | None = None, *, object_store
     join = dict(address=address, **quiet)
     if _loopback_host(address):
         join["_node_ip_address"] = "127.0.0.1"  # a loopback head is dialled on loopback, never the routable address
-    tried = f"ray.init({', '.join(f'{k}={v!r}' for k, v in join.items() if k in ('address', '_node_ip_address'))})"
+    token = _send_token_if_found()
+    tried = f"ray.init({', '.join(f'{k}={v!r}' for k, v in join.items() if k in ('address', '_node_ip_address'))}"
+    tried += ", with the auth token found here)" if token else ", with no auth token)"
     hint = f"check that the cluster's head runs and listens at that address, or leave {key} empty to start a local cluster"
+    if not token:
+        hint += ("; a head started by `ray start` asks for its auth token: copy the head's ~/.ray/auth_token to this "
+                 "machine's, or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH")
     try:
         keeper = _init_in_keeper(ray, join, f"{key} = {address!r}: no Ray cluster answered",
                                  min(timeout_s, runtime_cfg.ray_join_timeout_s))
@@ -162,6 +167,21 @@ def connect(runtime_cfg: RuntimeConfig, cpus: int | None = None, *, object_store
         raise InputError(f"{key} = {address!r}: could not join a Ray cluster there ({error_line(err)}; tried "
                          f"{tried}); {hint}") from None
     return RayCluster(ray.get_runtime_context().gcs_address, started=False, keeper=keeper)
+
+
+def _send_token_if_found() -> bool:
+    """Whether this process sends an auth token when it joins a cluster, turning that on where
+    a token is found (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) and
+    ``RAY_AUTH_MODE`` is unset, as ``ray start`` does for a node that joins.
+
+    Ray 2.60's ``ray start --head`` turns token authentication on (writing the token to
+    ``~/.ray/auth_token`` if there is none), but ``ray.init(address=...)`` sends the token only
+    under ``RAY_AUTH_MODE=token``, so without this a head on the same machine refuses the driver
+    (``InvalidAuthToken``, surfacing as "Failed to connect"). A head without authentication
+    accepts a token it does not ask for. An explicit ``RAY_AUTH_MODE`` is left as it is."""
+    from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+
+    return maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def _init_in_keeper(ray, kwargs: dict, what: str, timeout_s: float) -> threading.Event:

@@ -16,6 +16,7 @@ import subprocess
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -25,7 +26,7 @@ from reasonrl.controller import Controller
 from reasonrl.metrics import read_jsonl
 from tests.conftest import tiny_run
 from tests.integration.test_async import _assert_every_prompt_used_once, _events, _rollout_pids, _wait_for, values
-from tests.ray_fixtures import is_loopback, listening_sockets, process_tree
+from tests.ray_fixtures import RayHead, is_loopback, listening_sockets, process_tree
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("ray is not installed (pip install 'reasonrl[ray]')", allow_module_level=True)
@@ -101,6 +102,28 @@ def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 21))
     _assert_every_prompt_used_once(tmp_path)
     assert any(e["kind"] == "reward_failed" and "injected reward error" in e["errors"][0] for e in events)
+
+
+def test_a_run_joins_a_head_started_with_ray_start_on_loopback(model_dir, tmp_path):
+    # docs/ray.md's line: the head turns token authentication on, which the driver finds and sends
+    temp_dir = f"/tmp/rrh{os.getpid()}"  # short: Ray's unix socket paths live under it
+    head = RayHead(temp_dir)
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+        done = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", "--no-supervisor",
+                               *tiny_run(model_dir, tmp_path, 2), "run.threads=1", "runtime.engine=ray",
+                               f"runtime.ray_address={head.address}", "runtime.roles.rollout.threads=1"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+        assert head.pids(), "the head ended with the run"
+        [started] = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "rollout_started"]
+        logs = {path.name for path in Path(temp_dir).glob("session_*/logs/worker-*")}
+        assert any(name.endswith(f"-{started['pids'][0]}.err") for name in logs), logs  # the head's raylet ran it
+    finally:
+        head.stop()
+        subprocess.run(["rm", "-rf", temp_dir], timeout=60)
+    assert not head.pids()
 
 
 def test_a_cluster_that_does_not_answer_is_an_input_error_with_no_restart(model_dir, tmp_path):

@@ -274,8 +274,9 @@ class RewardConfig:
     """reward.fn=code: address-space limit of each program run, in MiB."""
     sandbox: Literal["auto", "bwrap", "rlimits"] = "auto"
     """reward.fn=code: how programs are contained (docs/sandbox.md): 'bwrap' (bubblewrap: no
-    network, only the interpreter's files visible, resource limits), 'rlimits' (resource limits
-    and a throw-away directory only); 'auto' is bwrap where it works on this machine."""
+    network, only the interpreter's files visible, resource limits, the system-call filter),
+    'rlimits' (resource limits, the system-call filter and a throw-away directory only); 'auto'
+    is bwrap where it works on this machine."""
 
 
 @dataclass(frozen=True)

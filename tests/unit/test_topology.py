@@ -11,6 +11,7 @@ from reasonrl.errors import InputError
 from reasonrl.runtime import LocalGroup, ProcessGroup
 from reasonrl.runtime.group import ThreadGroup
 from reasonrl.runtime.pool import PoolStart
+from reasonrl.runtime.threads import available_cores
 from reasonrl.runtime.topology import plan, pool_start, spawn
 from tests.worker_fixtures import Tagged, tag_worker
 
@@ -104,3 +105,20 @@ def test_spawn_builds_each_worker_where_its_role_runs_and_wraps_it_there():
     thread.close()
     with pytest.raises(ValueError, match=r"spawn\(rollout\): 2 argument tuples for 1 workers"):
         spawn(topology["rollout"], Tagged, [(1,), (2,)])
+
+
+@pytest.mark.parametrize("cores, staleness, count, rollout", [
+    (2, 0, 1, 2),  # each side in its turn takes every core
+    (2, 1, 1, 1),  # generation beside training: the cores split
+    (8, 1, 2, 2),  # four for the two rollout workers, four for the trainer
+    (8, 0, 2, 4),
+    (1, 1, 1, 1),  # never fewer than one thread
+])
+def test_generation_beside_training_splits_the_cores_between_the_two_sides(cores, staleness, count, rollout):
+    beside = ["rollout.mode=async", "algo.off_policy=tis"] if staleness else []
+    common = [f"rollout.max_staleness={staleness}", f"runtime.roles.rollout.count={count}", *beside]
+    _, topology = where([f"run.threads={cores}", *common])
+    assert (topology["policy"].threads, topology["rollout"].threads) == (0, rollout)  # run.threads: the trainer's
+    _, topology = where(common)  # the trainer's share of the cores this process may use
+    available = available_cores()
+    assert topology["policy"].threads == (max(1, available - max(1, available // 2)) if staleness else 0)

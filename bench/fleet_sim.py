@@ -531,7 +531,7 @@ def summarize(args, run_dir: Path, clock: SimClock, steps: list[dict], seconds_p
         "groups_moved": sum(e.get("groups_moved", 0) for e in replaced),
         "seconds_lost": round(sim(sum(e.get("seconds_lost", 0.0) for e in replaced)), 2),
         "incidents": ettr["incidents"],
-        "join_times_s": [round(sim(e["join_s"]), 2) for e in joined if "join_s" in e],
+        "join_times_s": [round(sim(e["seconds"]), 2) for e in joined],
     }
 
 

@@ -12,7 +12,8 @@ step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind`
 - ``crash`` (non-zero exit), ``killed`` (ended by a signal) and ``hang`` (the child's watchdog
   wrote ``hang_dump.txt``, or the heartbeat file ``hang_dump.stage`` went stale and the
   supervisor killed the child): ``step`` = last step in ``metrics.jsonl``, ``detect_s``,
-  ``attempt``, ``returncode``, ``stderr_tail``, ``backoff_s`` (``None`` when giving up);
+  ``attempt``, ``started`` (when the attempt's process started, unix time), ``returncode``,
+  ``stderr_tail``, ``backoff_s`` (``None`` when giving up);
   ``killed`` adds ``signal``; ``hang`` adds ``source`` ("watchdog" or "heartbeat"), ``stage``,
   ``stack`` (the dump, at most ``STACK_CHARS`` characters) and ``dump`` (where it was moved).
 - ``recovered``: ``step`` = first new step, ``recover_s`` (detection of the first unrecovered
@@ -330,7 +331,7 @@ class _Supervisor:
         """The failure's kind and its fields: a hang (killed for a stale heartbeat, or a stack
         dump written during this attempt), a kill by a signal, or a crash."""
         returncode = child.proc.returncode
-        fields: dict[str, Any] = {"attempt": self.restarts + 1, "returncode": returncode}
+        fields: dict[str, Any] = {"attempt": self.restarts + 1, "started": child.started, "returncode": returncode}
         dump = self._move_dump(child.started)
         if hang is None and dump is None:
             fields["detect_s"] = detected - child.exit_time

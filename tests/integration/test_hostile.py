@@ -125,6 +125,7 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_training_goes_on
     run = tmp_path / "run"
     code, err = train(capsys, model_dir, run, "checkpoint.every_steps=2", "checkpoint.keep=3", "faults=[disk_full@4]", steps=6)
     assert code == 0, err
+    assert any(f"the previous checkpoint ({run / 'checkpoints' / 'step_2'}) is intact" in line for line in err), err
     events = read_jsonl(run / "events.jsonl")
     (failed,) = [e for e in events if e["kind"] == "checkpoint_failed"]
     assert failed["step"] == 4 and failed["cause"] == "no space left on device"
@@ -137,7 +138,9 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_training_goes_on
 def test_a_final_checkpoint_that_cannot_be_written_is_retried_then_an_error(capsys, model_dir, tmp_path):
     run = tmp_path / "run"
     code, err = train(capsys, model_dir, run, "checkpoint.final_retries=2", "faults=[disk_full@2:count=5]")
-    assert_fatal(code, err, "final checkpoint could not be written in 2 attempts (no space left on device)")
+    assert_fatal(code, err, "final checkpoint could not be written in 2 attempts (no space left on device)",
+                 "no checkpoint of this run has been written, so a rerun starts from the beginning")
+    assert not any("intact" in line for line in err), err  # there is none to keep
     assert [e["attempt"] for e in read_jsonl(run / "events.jsonl") if e["kind"] == "checkpoint_failed"] == [1, 2]
     assert find_latest(run / "checkpoints") is None and not (run / "final").exists()
 

@@ -21,7 +21,10 @@ step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind`
 - ``gave_up``: ``restarts``, ``message``. ``stopped``: ``signal``, ``returncode``.
   ``done``: ``restarts``, ``wall_s``. ``fatal``: ``returncode`` (2) and ``message``, the
   child's last stderr line: an error a restart would meet again (:mod:`reasonrl.errors`),
-  which ends supervision at once.
+  which ends supervision at once. A child that exits 2 in a directory holding a run
+  (``config.yaml``) before any child of this supervision passed its resume check (its
+  ``resume`` event) may have refused the directory as another run's: the supervisor then
+  writes nothing (no event, no ``summary.json``; ``SupervisorResult.refused``).
 
 A failure counts as recovered only once a restarted child has trained a step past the one it
 resumed from (or has finished the run). ``summary.json`` holds the figures of
@@ -98,12 +101,15 @@ class RestartPolicy:
 @dataclass
 class SupervisorResult:
     """How supervision ended: the last child's return code (negative: killed by that signal),
-    the number of restarts, the failure events (as written) and the seconds supervised."""
+    the number of restarts, the failure events (as written), the seconds supervised, and
+    whether the child refused the run directory before its resume check passed (nothing was
+    written to it then)."""
 
     returncode: int
     restarts: int
     incidents: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
+    refused: bool = False
 
 
 class _StderrTail:
@@ -241,6 +247,10 @@ class _Supervisor:
         self.child: _Child | None = None
         self.stop_signal: int | None = None
         self.wake = threading.Event()
+        self.began = time.time()
+        self.held_run = (run_dir / "config.yaml").exists()
+        """The directory held a run when supervision began (one a resume check may refuse)."""
+        self.refused = False
 
     def run(self) -> int:
         """Run children until one succeeds, a stop signal arrives or restarts run out."""
@@ -257,6 +267,9 @@ class _Supervisor:
                 return 0
             if self.stop_signal is None and returncode == EXIT_FATAL:
                 # Bad config or data, a deterministic limit: the same command would fail the same way again.
+                if not self._ours():
+                    self.refused = True  # maybe another run's directory: leave it as it was
+                    return returncode
                 tail = child.tail.text().strip()
                 self.events.emit("fatal", self._last_step(), returncode=returncode,
                                  message=tail.rsplit("\n", 1)[-1] if tail else "")
@@ -272,6 +285,11 @@ class _Supervisor:
                                  returncode=returncode)
                 return 128 + self.stop_signal
             self.restarts += 1
+
+    def _ours(self) -> bool:
+        """Whether the run directory is this run's: it held no run when supervision began, or
+        a child of this supervision has passed its resume check (its ``resume`` event)."""
+        return not self.held_run or any(e["kind"] == "resume" and e["time"] >= self.began for e in _rows(self.events.path))
 
     def _watch(self, child: _Child) -> tuple[tuple[str, float] | None, float]:
         """Wait for the child to exit, logging recovery and killing it if its heartbeat goes
@@ -447,7 +465,7 @@ def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dic
         if sup.child is not None and sup.child.proc.poll() is None:
             sup.child.signal(signal.SIGKILL, group=True)
             sup.child.proc.wait()
-    return SupervisorResult(returncode, sup.restarts, sup.incidents, time.monotonic() - start)
+    return SupervisorResult(returncode, sup.restarts, sup.incidents, time.monotonic() - start, sup.refused)
 
 
 def summarize_run(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
@@ -469,8 +487,9 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 def train_supervised(cfg: Config, command: list[str]) -> int:
     """Run ``command`` (a trainer) under the supervisor, holding the run directory's lock with
-    it; write and print the run's summary. RunDirError when the directory is unusable or
-    another trainer holds it."""
+    it; write and print the run's summary (not when the child refused the directory:
+    ``SupervisorResult.refused``). RunDirError when the directory is unusable or another
+    trainer holds it."""
     r = cfg.resilience
     # The parent's heartbeat check backs up the in-process watchdog, so it waits longer.
     heartbeat = 2 * r.hang_timeout_s if r.hang_timeout_s > 0 else float("inf")
@@ -481,6 +500,8 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
     try:
         pass_fds, env = lock.inherit()
         result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds)
+        if result.refused:  # the child said why; the directory stays as it was
+            return result.returncode
         summary = summarize_run(run_dir, wall_s=result.wall_s)
         write_summary(run_dir, summary)
     finally:

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -157,13 +156,21 @@ def test_a_run_that_never_applied_an_update_ends_non_zero_and_exports_nothing(ca
 def test_the_supervisor_does_not_restart_an_error_that_would_repeat(capsys, model_dir, tmp_path):
     run = tmp_path / "run"
     assert train(capsys, model_dir, run)[0] == 0
-    began = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run, 2), "algo.eps_high=0.3"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and time.monotonic() - began < 30, proc.stderr
-    assert "Traceback" not in proc.stderr and "different configuration" in proc.stderr
+    before = files(run)
+
+    def supervised(*extra, steps=2):
+        return subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run, steps), *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    proc = supervised("algo.eps_high=0.3")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "different configuration" in proc.stderr.strip().splitlines()[-1]
+    assert files(run) == before  # no restart, and a refused resume writes nothing: no fatal event, no summary.json
+    # A fatal error of a run that passed its resume check (this run's): the fatal event stays.
+    proc = supervised("checkpoint.final_retries=1", "faults=[disk_full@3:count=5]", steps=3)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     events = read_jsonl(run / "events.jsonl")
-    assert events[-1]["kind"] == "fatal" and "different configuration" in events[-1]["message"]
+    assert events[-1]["kind"] == "fatal" and "final checkpoint could not be written" in events[-1]["message"]
     assert not {"crash", "recovered", "gave_up"} & {e["kind"] for e in events}
 
 

@@ -28,7 +28,8 @@ step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind`
 
 A failure counts as recovered only once a restarted child has trained a step past the one it
 resumed from (or has finished the run). ``summary.json`` holds the figures of
-:func:`reasonrl.resilience.ettr.effective_time`.
+:func:`reasonrl.resilience.ettr.effective_time`. An event or the summary that cannot be
+written (a full disk) goes to stderr instead, and supervision goes on and ends as it would.
 
 The child itself writes ``start`` (each start) and ``resume`` (with ``from_step``) events.
 """
@@ -49,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.config import Config
-from reasonrl.errors import EXIT_FATAL
+from reasonrl.errors import EXIT_FATAL, WriteError
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.guards import read_hang_dump
@@ -263,7 +264,7 @@ class _Supervisor:
             if self.stop_signal is None and returncode == 0:
                 if self.pending is not None:
                     self._recovered(child, finished=True)
-                self.events.emit("done", self._last_step(), restarts=self.restarts, wall_s=time.monotonic() - started)
+                self._emit("done", self._last_step(), restarts=self.restarts, wall_s=time.monotonic() - started)
                 return 0
             if self.stop_signal is None and returncode == EXIT_FATAL:
                 # Bad config or data, a deterministic limit: the same command would fail the same way again.
@@ -271,7 +272,7 @@ class _Supervisor:
                     self.refused = True  # maybe another run's directory: leave it as it was
                     return returncode
                 tail = child.tail.text().strip()
-                self.events.emit("fatal", self._last_step(), returncode=returncode,
+                self._emit("fatal", self._last_step(), returncode=returncode,
                                  message=tail.rsplit("\n", 1)[-1] if tail else "")
                 return returncode
             if self.stop_signal is None:
@@ -281,10 +282,20 @@ class _Supervisor:
                     return returncode
                 self.wake.wait(incident["backoff_s"])
             if self.stop_signal is not None:
-                self.events.emit("stopped", self._last_step(), signal=_signal_name(self.stop_signal),
+                self._emit("stopped", self._last_step(), signal=_signal_name(self.stop_signal),
                                  returncode=returncode)
                 return 128 + self.stop_signal
             self.restarts += 1
+
+    def _emit(self, kind: str, step: int | None, **fields: Any) -> None:
+        """Append an event to ``events.jsonl``; where it cannot be written (a full disk), put it
+        on stderr instead (without the stderr tail and stack it repeats) and go on."""
+        try:
+            self.events.emit(kind, step, **fields)
+        except OSError as err:
+            shown = {k: v for k, v in fields.items() if k not in ("stderr_tail", "stack")}
+            print(f"reasonrl supervisor: {WriteError.of(self.events.path, err)}; the event: "
+                  + json.dumps({"kind": kind, "step": step, **shown}, default=str), file=sys.stderr, flush=True)
 
     def _ours(self) -> bool:
         """Whether the run directory is this run's: it held no run when supervision began, or
@@ -338,7 +349,7 @@ class _Supervisor:
         fields["backoff_s"] = None if giving_up else self.policy.backoff(self.exponent)
         self.exponent += 1
         fields["stderr_tail"] = child.tail.text()
-        self.events.emit(kind, step, **fields)
+        self._emit(kind, step, **fields)
         incident = {"kind": kind, "step": step, **fields}
         self.incidents.append(incident)
         self._remember(detected, step, rows)
@@ -403,7 +414,7 @@ class _Supervisor:
         if new is None and not finished:
             return
         step = rows[new]["step"] if new is not None else (rows[-1]["step"] if rows else None)
-        self.events.emit("recovered", step, recover_s=time.time() - pending.since,
+        self._emit("recovered", step, recover_s=time.time() - pending.since,
                          steps_lost=max(0, pending.last_step - from_step), from_step=from_step,
                          failures=pending.failures)
         self.pending = None
@@ -421,7 +432,7 @@ class _Supervisor:
                    f"{self.policy.max_restarts}): the last attempt ended with a {incident['kind']} at step "
                    f"{incident['step']} (return code {incident['returncode']})"
                    + (f": {last_line}" if last_line else "") + f"; see {self.events.path}")
-        self.events.emit("gave_up", incident["step"], restarts=self.restarts, message=message)
+        self._emit("gave_up", incident["step"], restarts=self.restarts, message=message)
         print(f"reasonrl supervisor: {message}", file=sys.stderr, flush=True)
 
     def on_signal(self, signum: int, frame) -> None:
@@ -488,8 +499,8 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 def train_supervised(cfg: Config, command: list[str]) -> int:
     """Run ``command`` (a trainer) under the supervisor, holding the run directory's lock with
     it; write and print the run's summary (not when the child refused the directory:
-    ``SupervisorResult.refused``). RunDirError when the directory is unusable or another
-    trainer holds it."""
+    ``SupervisorResult.refused``; on stderr when ``summary.json`` cannot be written).
+    RunDirError when the directory is unusable or another trainer holds it."""
     r = cfg.resilience
     # The parent's heartbeat check backs up the in-process watchdog, so it waits longer.
     heartbeat = 2 * r.hang_timeout_s if r.hang_timeout_s > 0 else float("inf")
@@ -503,7 +514,11 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
         if result.refused:  # the child said why; the directory stays as it was
             return result.returncode
         summary = summarize_run(run_dir, wall_s=result.wall_s)
-        write_summary(run_dir, summary)
+        try:
+            write_summary(run_dir, summary)
+        except OSError as err:  # a full disk: the summary goes to stderr, supervision ends as it would
+            print(f"reasonrl supervisor: {WriteError.of(run_dir / 'summary.json', err)}; the summary: "
+                  + json.dumps(summary, sort_keys=True), file=sys.stderr, flush=True)
     finally:
         lock.release()
     print(json.dumps({"restarts": result.restarts, **{k: summary[k] for k in ("ettr", "mttr_s", "time_lost_s", "steps_lost", "incidents")}}))

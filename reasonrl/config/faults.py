@@ -19,7 +19,7 @@ from reasonrl.errors import InputError
 
 # Per key: how to read its value, the rule it must satisfy, and that rule in words.
 _KEYS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] = {
-    "stage": (str, str.isidentifier, "a stage name such as gen, reward or update"),
+    "stage": (str, str.isidentifier, "a stage name such as gen, adv or update_actor"),
     "factor": (float, lambda v: 1 < v < math.inf, "a finite number > 1"),
     "worker": (int, lambda v: v >= 0, "an integer >= 0"),
     "steps": (int, lambda v: v >= 1, "an integer >= 1"),
@@ -54,6 +54,10 @@ KINDS: dict[str, dict[str, Any]] = {
 
 RANK_FAULTS = ("slow_rank", "hang_rank")
 """Kinds that act in one trainer rank's process (its ``rank`` key)."""
+
+STAGES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "publish", "testing")
+"""The stages of a training step (``Controller.stage`` in reasonrl/controller.py), in order: where
+a crash, sigkill or hang fault with a ``stage`` fires, at the stage's start."""
 
 _FORMAT = "expected kind@step[:key=value...]"
 

@@ -10,7 +10,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any, Callable, Iterator
 
 from reasonrl.config.capabilities import can, cannot
-from reasonrl.config.faults import RANK_FAULTS, parse_specs
+from reasonrl.config.faults import RANK_FAULTS, STAGES, parse_specs
 from reasonrl.config.schema import DIFFICULTY_LEVELS, Config, ConfigError
 from reasonrl.errors import InputError
 
@@ -138,8 +138,9 @@ def _check_data(cfg: Config) -> None:
 
 def _check_faults(cfg: Config) -> None:
     """``faults``: every spec parses (:mod:`reasonrl.config.faults`), and every fault can fire
-    in this run: at a step the run reaches (train.total_steps), on a trainer rank it has
-    (runtime.trainer_ranks), and a hang with a watchdog to end it (resilience.hang_timeout_s)."""
+    in this run: at a step the run reaches (train.total_steps), at a stage a step has (a slow
+    fault: generation), on a trainer rank it has (runtime.trainer_ranks), and a hang with a
+    watchdog to end it (resilience.hang_timeout_s)."""
     try:
         faults = parse_specs(list(cfg.faults))
     except InputError as err:
@@ -148,6 +149,12 @@ def _check_faults(cfg: Config) -> None:
     for fault in faults:
         _require(fault.step <= last, "faults", fault.spec,
                  f"scheduled at step {fault.step}, past the last step (train.total_steps = {last}): it would never fire")
+        if fault.kind in ("crash", "sigkill", "hang") and fault.get("stage") is not None:
+            _require(fault.get("stage") in STAGES, "faults", fault.spec,
+                     f"{fault.get('stage')!r} is not a stage of a step; the stages: {', '.join(STAGES)}")
+        if fault.kind == "slow":
+            _require(fault.get("stage") == "gen", "faults", fault.spec,
+                     "a slow fault slows a rollout worker's generation: stage=gen (the default)")
         if fault.kind in RANK_FAULTS:
             _require(fault.get("rank") < ranks, "faults", fault.spec,
                      f"names trainer rank {fault.get('rank')}; runtime.trainer_ranks = {ranks} has ranks 0..{ranks - 1}")

@@ -366,6 +366,11 @@ def test_every_fault_kind_in_one_run_is_valid():
     (["faults=[hang@2:stage=adv]", "resilience.hang_timeout_s=0"],
      "command line: faults = 'hang@2:stage=adv': an injected hang sleeps until the hang watchdog ends it"),
     (["faults=[crsh@2]"], "command line: faults: fault spec 'crsh@2': unknown kind 'crsh'; did you mean 'crash'?"),
+    (["faults=[crash@2:stage=update]"], "command line: faults = 'crash@2:stage=update': 'update' is not a stage of a "
+                                        "step; the stages: gen, old_log_prob, ref, values, adv, update_critic, "
+                                        "update_actor, publish, testing"),
+    (["faults=[slow@2:stage=adv]"], "command line: faults = 'slow@2:factor=3.0:worker=0:stage=adv:steps=8': a slow "
+                                    "fault slows a rollout worker's generation: stage=gen"),
     (["faults=[nan@3,nan@3]"], "command line: faults: fault spec 'nan@3': the same fault as 'nan@3'"),
 ])
 def test_a_fault_the_run_could_not_fire_is_refused_by_key(overrides, expected):

@@ -29,11 +29,11 @@ import torch
 
 from reasonrl import algo
 from reasonrl.build import RunContext, build
-from reasonrl.checkpoint import ProcessRNG, StateRegistry
+from reasonrl.checkpoint import ProcessRNG, StateRegistry, find_latest
 from reasonrl.checkpoint.checkpointer import Checkpointer
 from reasonrl.config import Config, dump
 from reasonrl.data.mixing import held_out_accuracy
-from reasonrl.errors import LimitError
+from reasonrl.errors import LimitError, WriteError
 from reasonrl.experiments.forecast import RunForecast
 from reasonrl.loggers import check_loggers, open_loggers
 from reasonrl.memory import PeakMemory
@@ -330,8 +330,10 @@ class Controller:
         """Train to train.total_steps, resuming from the newest committed checkpoint.
 
         SIGINT or SIGTERM ends it after the current step with a checkpoint (``stopped_by``
-        says which; a second SIGINT interrupts at once). A run that never applied an update
-        (every step skipped or rolled back) is a LimitError and exports nothing."""
+        says which; a second SIGINT interrupts at once). A file of the run that cannot be
+        written (a full disk) ends it with a WriteError (:meth:`stop_writing`). A run that
+        never applied an update (every step skipped or rolled back) is a LimitError and
+        exports nothing."""
         cfg = self.cfg
         try:
             self.step_count = self.checkpoints.resume()
@@ -360,6 +362,8 @@ class Controller:
         scale, idle_rule = ScaleWatch(self.run_dir, cfg), IdleRule(cfg)
         start = last_checkpoint = time.time()
         last: dict[str, float] = {}
+        saved = self.step_count  # the step of the last checkpoint written or tried
+        stepping = False  # inside step(): its state is not one to checkpoint
         self.watchdog, self.heartbeat = self._heartbeat()
         try:
             if self.step_count == 0 and cfg.eval.every_steps:
@@ -370,7 +374,9 @@ class Controller:
                 self.keep_samples(0, sink, samples, [], self.val_samples)
             while self.step_count < cfg.train.total_steps and not stop.signum:
                 self.rescale(scale.poll(), idle_rule)
+                stepping = True
                 metrics = self.step()
+                stepping = False
                 every = cfg.eval.every_steps
                 if every and (self.step_count % every == 0 or self.step_count == cfg.train.total_steps):
                     with self.stage(metrics, "testing"):  # the validation and its forecast
@@ -390,21 +396,28 @@ class Controller:
                 prompts.log(self.step_count, self.last_record)
                 last.update(metrics)
                 if self.checkpoints.due(self.step_count, last_checkpoint) or stop.signum:
+                    saved = self.step_count
                     self.checkpoints.save(self.step_count, final=self.step_count == cfg.train.total_steps)
                     last_checkpoint = time.time()
             if self.step_count >= cfg.train.total_steps:
                 self.events.emit("rollout_leftover", self.step_count, **self.source.leftover())
+        except WriteError as err:
+            # Not at the last step: a rerun that finds the run complete would never export final/.
+            done = not stepping and saved < self.step_count < cfg.train.total_steps
+            raise self.stop_writing(err, checkpoint=done) from err
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             self.watchdog = self.heartbeat = None
             self.stopped_by = stop.signum
             stop.restore()
-            sink.close()
-            prompts.close()
-            if samples is not None:
-                samples.close()
-            self.close()
+            try:
+                sink.close()
+            finally:
+                prompts.close()
+                if samples is not None:
+                    samples.close()
+                self.close()
         if self.step_count >= cfg.train.total_steps:
             if self.checkpoints.updates_applied == 0:
                 raise LimitError(
@@ -413,6 +426,27 @@ class Controller:
                     "train.grad_clip and the reward function")
             self.rank0.export(self.run_dir / "final")  # in this process: the groups are closed by now
         return last
+
+    def stop_writing(self, err: WriteError, checkpoint: bool) -> WriteError:
+        """A file of the run could not be written (a full disk): save a checkpoint of the step
+        done when ``checkpoint`` (not in the middle of a step, none tried at it yet, not the
+        last), log a ``write_failed`` event (``path``, ``disk``, ``cause``), both where the disk
+        lets them, and return the error to end the run with, saying what a rerun resumes from.
+        What that step could not write (its metrics row, samples) stays missing from the files."""
+        step = self.step_count
+        if checkpoint:
+            try:
+                self.checkpoints.save(step, final=False)
+            except WriteError:
+                pass  # its checkpoint_failed event met the same disk; find_latest says what stands
+        try:
+            self.events.emit("write_failed", step, path=err.filename, disk=err.disk, cause=err.cause)
+        except WriteError:
+            pass  # the event log is on that disk too: the error says it all
+        latest = find_latest(self.checkpoints.root) if self.checkpoints.root.exists() else None
+        resumes = f"a rerun resumes from {latest}" if latest else "no checkpoint was written, so a rerun starts over"
+        return err.noted(f"the run stopped at step {step} and {resumes}; free space on {err.disk} and run "
+                         "the same command again")
 
     def rescale(self, counts: dict[str, int], rule: IdleRule) -> None:
         """Apply the rollout count ``reasonrl scale`` (or ``rule``) asked for, before the next

@@ -15,7 +15,8 @@ are correct (eval.k at eval.temperature, eval.top_p, eval.top_k):
   ``[INVALID]`` does not vote; ties to the answer given first: :func:`~reasonrl.algo.evaluation.majority_vote`);
 - ``greedy``: mean over prompts of the greedy response's accuracy (with eval.greedy);
 
-each with its standard error over the prompts (s / sqrt(n), :func:`~reasonrl.algo.evaluation.mean_stderr`).
+each with its standard error over the prompts (s / sqrt(n), :func:`~reasonrl.algo.evaluation.mean_stderr`;
+undefined over one prompt: ``null`` in JSON, ``n/a`` in the table).
 Validation logs them as ``val/<data_source>/acc/<metric>`` and ``val/all/acc/<metric>``, beside
 ``val/acc`` (= all mean@k), ``val/pass@j``, ``val/acc/<data_source>`` (with several sources) and
 ``val/acc_greedy``. Sampling never touches the training RNGs: prompt i (its index among the
@@ -80,10 +81,10 @@ class PromptResult:
 
 @dataclass(frozen=True)
 class Stat:
-    """A mean over prompts and its standard error."""
+    """A mean over prompts and its standard error (None over fewer than two prompts: undefined)."""
 
     mean: float
-    stderr: float
+    stderr: float | None
 
 
 def summarize(results: list[PromptResult], k: int) -> dict[str, Stat]:
@@ -333,7 +334,7 @@ def _processes(role: str, count: int, timeout_s: float) -> PoolStart | None:
 def results_json(cfg: Config, evaluations: list[ModelEvaluation], samples: Path) -> dict[str, Any]:
     """The numbers of the table as one JSON object: the sampling settings, the samples file,
     and per model and data source (then ``all``) the prompt count and each metric's
-    ``{"mean", "stderr"}``."""
+    ``{"mean", "stderr"}`` (``stderr`` None over one prompt)."""
     e = cfg.eval
     rows = []
     for m in evaluations:
@@ -349,14 +350,18 @@ def results_json(cfg: Config, evaluations: list[ModelEvaluation], samples: Path)
 
 def format_table(results: dict[str, Any]) -> str:
     """The rows of :func:`results_json` as a table: model, data source, prompts, then each
-    metric as ``mean ± stderr``."""
+    metric as ``mean ± stderr`` (``n/a`` where the standard error is undefined)."""
     rows = results["results"]
     metrics = list(dict.fromkeys(name for r in rows for name in r if name not in ("model", "data_source", "prompts")))
     head = ["model", "data_source", "prompts", *metrics]
     body = [[r["model"], r["data_source"], str(r["prompts"]),
-             *(f"{r[m]['mean']:.3f} ± {r[m]['stderr']:.3f}" if m in r else "-" for m in metrics)] for r in rows]
+             *(f"{r[m]['mean']:.3f} ± {_error_text(r[m]['stderr'])}" if m in r else "-" for m in metrics)] for r in rows]
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [head, *body])
+
+
+def _error_text(stderr: float | None) -> str:
+    return "n/a" if stderr is None else f"{stderr:.3f}"
 
 
 def _stderr(message: str) -> None:

@@ -16,14 +16,15 @@ again: W&B keeps their first values, while metrics.jsonl and TensorBoard hold th
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import yaml
 
 from reasonrl.config import Config, flatten, to_dict
-from reasonrl.errors import InputError
+from reasonrl.errors import InputError, WriteError
 from reasonrl.metrics import Logger, Sample, write_atomic
 
 HPARAM_METRICS = ("critic/score/mean", "train/acc", "val/acc")
@@ -72,12 +73,31 @@ def samples_markdown(samples: Sequence[Sample]) -> str:
     return "\n".join(["| prompt | response | reward | acc |", "|---|---|---|---|", *rows])
 
 
+_previous_hook = threading.excepthook
+
+
+def _quiet_writer_thread(args) -> None:
+    """TensorBoard's writer thread ends on a failed write (a full disk) and its writer raises
+    the error again in the thread that logs, where :class:`TensorBoardLogger` reports it as a
+    WriteError: that thread's own traceback is left out; any other goes to the hook before."""
+    if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+        return
+    _previous_hook(args)
+
+
+def _quiet_tensorboard_threads() -> None:
+    global _previous_hook
+    if threading.excepthook is not _quiet_writer_thread:
+        _previous_hook, threading.excepthook = threading.excepthook, _quiet_writer_thread
+
+
 class TensorBoardLogger:
     """Scalars, the config and text samples in ``log_dir`` (opened at the first row).
 
     When the writer opens, the config goes in as text (``config``, the YAML in a code block)
     and as hparams (its scalar leaves under dotted keys), at the step the run starts from.
-    After ``rewind(step, ...)`` the events past ``step`` are purged (``purge_step``).
+    After ``rewind(step, ...)`` the events past ``step`` are purged (``purge_step``). A write
+    that fails (a full disk) is a WriteError naming ``log_dir``; the writer is dropped then.
     """
 
     def __init__(self, log_dir: str | Path, config: dict[str, Any]) -> None:
@@ -92,26 +112,44 @@ class TensorBoardLogger:
         self._purge_step = step + 1
 
     def log_metrics(self, step: int, values: dict[str, int | float]) -> None:
-        writer = self._open()
-        for key, value in values.items():
-            writer.add_scalar(key, value, global_step=step)
-        writer.flush()
+        def write(writer) -> None:
+            for key, value in values.items():
+                writer.add_scalar(key, value, global_step=step)
+
+        self._write(write)
 
     def log_samples(self, step: int, samples: Sequence[Sample], tag: str = "samples") -> None:
         """The samples as one markdown table under the text tag ``tag``."""
-        writer = self._open()
-        writer.add_text(tag, samples_markdown(samples), global_step=step)
-        writer.flush()
+        self._write(lambda writer: writer.add_text(tag, samples_markdown(samples), global_step=step))
 
     def close(self) -> None:
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            try:
+                writer.close()
+            except OSError as err:
+                raise WriteError.of(self.log_dir, err) from err
+
+    def _write(self, write: Callable[[Any], None]) -> None:
+        """``write(writer)`` and flush; a failure drops the writer and is a WriteError."""
+        try:
+            writer = self._open()
+            write(writer)
+            writer.flush()
+        except OSError as err:
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                try:
+                    writer.close()
+                except OSError:
+                    pass  # it fails as the write did
+            raise WriteError.of(self.log_dir, err) from err
 
     def _open(self):
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
+            _quiet_tensorboard_threads()
             start = self._purge_step or 0
             self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=self._purge_step)
             self._purge_step = None

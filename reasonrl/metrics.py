@@ -33,7 +33,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 from tqdm import tqdm
 
-from reasonrl.errors import InputError
+from reasonrl.errors import InputError, WriteError
 
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
@@ -109,16 +109,22 @@ def _fsync_dir(directory: Path) -> None:
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text``: a temporary file beside it, fsync, rename, fsync the
-    directory. A crash leaves either the old file or the new one, never a mix."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    directory. A crash leaves either the old file or the new one, never a mix; a failed write
+    (a full disk) leaves the old one and is a WriteError naming ``path``."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    except OSError as err:
+        raise WriteError.of(path, err) from err
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise WriteError.of(path, err) from err
         raise
     _fsync_dir(path.parent)
 
@@ -156,25 +162,40 @@ class StepLog:
     """A JSONL file of one row per step (``{"step": N, ...}``), appended durably, that a resume
     cuts back to the checkpoint's step (rows of steps that will be redone go).
 
-    Opening a file that ends in a partial line (a kill mid-write) drops that line.
+    Opening a file that ends in a partial line (a kill mid-write) drops that line. A write
+    that fails (a full disk) is a WriteError naming the file, which is closed then: what it had
+    buffered is dropped, and a partial last line goes when it is opened again.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _drop_partial_line(self.path)
-        self._file = open(self.path, "a", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _drop_partial_line(self.path)
+            self._file = open(self.path, "a", encoding="utf-8")
+        except OSError as err:
+            raise WriteError.of(self.path, err) from err
 
     def log(self, step: int, row: dict[str, Any]) -> None:
         """Append ``{"step": step, **row}``, flushed and fsynced."""
-        _append_line(self._file, {"step": step, **row})
+        self._append(_dumps({"step": step, **row}))
 
     def log_rows(self, rows: list[dict[str, Any]]) -> None:
         """Append ``rows`` (each with its ``step``), flushed and fsynced once."""
         if rows:
-            self._file.write("".join(_dumps(row) for row in rows))
+            self._append("".join(_dumps(row) for row in rows))
+
+    def _append(self, text: str) -> None:
+        try:
+            self._file.write(text)
             self._file.flush()
             os.fsync(self._file.fileno())
+        except OSError as err:
+            try:
+                self._file.close()  # flushes what failed once more, then closes whatever it says
+            except OSError:
+                pass
+            raise WriteError.of(self.path, err) from err
 
     def truncate_after(self, step: int) -> tuple[list[dict[str, Any]], int]:
         """Keep only rows with ``row["step"] <= step`` (atomic rewrite); return the kept rows and
@@ -184,7 +205,10 @@ class StepLog:
         if len(kept) < len(rows):
             self._file.close()
             _rewrite_jsonl(self.path, kept)
-            self._file = open(self.path, "a", encoding="utf-8")
+            try:
+                self._file = open(self.path, "a", encoding="utf-8")
+            except OSError as err:
+                raise WriteError.of(self.path, err) from err
         return kept, max((row["step"] for row in rows), default=-1)
 
     def close(self) -> None:
@@ -381,9 +405,13 @@ class EventLog:
         _drop_partial_line(self.path)
 
     def emit(self, kind: str, step: int | None, **fields: Any) -> None:
-        """Append ``{"time": unix time, "kind": kind, "step": step, **fields}``."""
-        with open(self.path, "a", encoding="utf-8") as f:
-            _append_line(f, {"time": time.time(), "kind": kind, "step": step, **fields})
+        """Append ``{"time": unix time, "kind": kind, "step": step, **fields}``; WriteError
+        naming the log when it cannot be written."""
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                _append_line(f, {"time": time.time(), "kind": kind, "step": step, **fields})
+        except OSError as err:
+            raise WriteError.of(self.path, err) from err
 
 
 @contextmanager

@@ -55,9 +55,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from reasonrl.config import LOGGING_KEYS, flatten
-from reasonrl.errors import InputError, InputNotFound
+from reasonrl.errors import InputError, InputNotFound, WriteError
 from reasonrl.experiments.forecast import Forecast, evaluations, forecast, format_step
-from reasonrl.metrics import read_jsonl
+from reasonrl.metrics import read_jsonl, write_atomic
 from reasonrl.resilience.ettr import FAILURES, effective_time, step_seconds
 
 _PASS_AT_K = re.compile(r"^val/pass@\d+$")
@@ -674,7 +674,8 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path | None = None) 
     ``out_dir`` defaults to the run directory for one run and to ``<first run dir>/../report``
     for several. Raises FileNotFoundError for a missing run directory or metrics.jsonl and
     ValueError (InputError) for a metrics.jsonl without rows or a malformed config.yaml or
-    events.jsonl, naming the file and line.
+    events.jsonl, naming the file and line; WriteError naming the file (or ``out_dir``) when a
+    plot or the page cannot be written (a full disk).
     """
     if not run_dirs:
         raise InputError("write_report: expected at least one run directory, got none")
@@ -683,9 +684,12 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path | None = None) 
         first = Path(run_dirs[0])
         out_dir = first if len(run_dirs) == 1 else first.resolve().parent / "report"
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     forecasts = [run_forecast(run) for run in runs]
-    images = _write_plots(runs, out_dir, forecasts)
     path = out_dir / "report.html"
-    path.write_text(_html(runs, images, forecasts), encoding="utf-8")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        images = _write_plots(runs, out_dir, forecasts)
+        write_atomic(path, _html(runs, images, forecasts))
+    except OSError as err:
+        raise WriteError.of(err.filename or out_dir, err) from err
     return path

@@ -29,6 +29,35 @@ def shared(name: str) -> str:
 PAD, EOS, VOCAB = 0, 1, 32
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs at ``tmp_path/disk``, unmounted after the test; skipped where it cannot
+    be mounted (mounting needs root). :func:`fill` leaves no space on it."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield disk
+    subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+def fill(disk: Path) -> None:
+    """Write ``disk/filler`` until the file system is full: whole pages, so that a file with
+    nothing in it cannot take another byte."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for size in (1 << 16, 1 << 12):
+            try:
+                while True:
+                    os.write(fd, bytes(size))
+            except OSError as err:
+                assert err.errno == 28, err  # ENOSPC
+    finally:
+        os.close(fd)
+
+
 def pytest_configure(config):
     """Under pytest-xdist (make test), pin each worker to one core of its own: the runs in it
     size their torch threads by the cores they may use (reasonrl.runtime.available_cores), so

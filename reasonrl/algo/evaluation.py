@@ -52,18 +52,19 @@ def majority_vote(answers: Sequence[str | None], correct: Sequence[bool]) -> boo
     return bool(correct[first[winner]])
 
 
-def mean_stderr(values: Sequence[float]) -> tuple[float, float]:
+def mean_stderr(values: Sequence[float]) -> tuple[float, float | None]:
     """(mean, standard error of the mean) of per-prompt values x_1..x_n:
 
         mean = sum(x) / n,   stderr = s / sqrt(n),   s = sqrt(sum((x - mean)^2) / (n - 1))
 
-    (s the sample standard deviation); stderr is 0 for n = 1. ValueError for n = 0.
+    (s the sample standard deviation); stderr is None for n = 1 (s is undefined: one value
+    says nothing of the spread). ValueError for n = 0.
     """
     n = len(values)
     if n == 0:
         raise ValueError("mean_stderr: no values")
     mean = sum(values) / n
     if n == 1:
-        return mean, 0.0
+        return mean, None
     var = sum((x - mean) ** 2 for x in values) / (n - 1)
     return mean, math.sqrt(var / n)

@@ -73,16 +73,23 @@ class Checkpointer:
                 path = self.writer.save(step, *self.registry.capture())
             except CheckpointWriteError as err:
                 self.events.emit("checkpoint_failed", step, error=str(err), cause=err.cause, attempt=attempt, final=final)
-                print(f"reasonrl: {err}; the previous checkpoint is intact", file=sys.stderr)
+                print(f"reasonrl: {err}; {self.left()}", file=sys.stderr)
                 if attempt == attempts:
                     if final:
                         raise LimitError(f"the final checkpoint could not be written in {attempts} attempts ({err.cause}): "
-                                         f"{err}; the previous checkpoint is intact and a rerun resumes from it") from err
+                                         f"{err}; {self.left()}") from err
                     return
                 time.sleep(2 ** (attempt - 1))
                 continue
             self.events.emit("checkpoint", step, path=str(path))
             return
+
+    def left(self) -> str:
+        """What a rerun would resume from, in words: the newest committed checkpoint, or none."""
+        latest = find_latest(self.root) if self.root.exists() else None
+        if latest is None:
+            return "no checkpoint of this run has been written, so a rerun starts from the beginning"
+        return f"the previous checkpoint ({latest}) is intact and a rerun resumes from it"
 
     def resume(self) -> int:
         """Load the newest valid committed checkpoint and return its step (0: none); refuse an

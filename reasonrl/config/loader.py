@@ -21,6 +21,7 @@ import yaml
 
 from reasonrl.config.rules import validate
 from reasonrl.config.schema import Config, ConfigError
+from reasonrl.errors import WriteError
 
 
 def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
@@ -128,12 +129,16 @@ def read_yaml(text: str) -> Any:
 
 def dump(cfg: Config, path: str | Path) -> None:
     """Write cfg as a YAML recipe that ``load`` reads back to an equal Config. The file is
-    replaced atomically, so a crash never leaves half of it."""
+    replaced atomically, so a crash never leaves half of it; WriteError naming it when it
+    cannot be written (a full disk)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dump_text(cfg), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(dump_text(cfg), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        raise WriteError.of(path, err) from err
 
 
 def dump_text(cfg: Config) -> str:

@@ -10,7 +10,9 @@ from dataclasses import fields, is_dataclass
 from typing import Any, Callable, Iterator
 
 from reasonrl.config.capabilities import can, cannot
+from reasonrl.config.faults import RANK_FAULTS, STAGES, parse_specs
 from reasonrl.config.schema import DIFFICULTY_LEVELS, Config, ConfigError
+from reasonrl.errors import InputError
 
 
 def validate(cfg: Config) -> None:
@@ -66,6 +68,7 @@ def validate(cfg: Config) -> None:
              f"FSDP shards over GPUs (nccl); on run.device = {cfg.run.device!r} use train.strategy=ddp")
     _check_roles(cfg)
     _check_data(cfg)
+    _check_faults(cfg)
     _require(s.hidden_size % s.heads == 0, "sft.heads", s.heads, f"must divide sft.hidden_size = {s.hidden_size}")
     _require(s.heads % s.kv_heads == 0, "sft.kv_heads", s.kv_heads, f"must divide sft.heads = {s.heads}")
 
@@ -131,6 +134,34 @@ def _check_data(cfg: Config) -> None:
         _require(sources >= 2, "data.mix", d.mix, f"mixes data sources, and data.families {list(d.families)} is one")
         _require(d.mix_floor <= 1 / sources, "data.mix_floor", d.mix_floor,
                  f"must be in [0, 1/{sources}] for the {sources} families of data.families (each gets at least the floor)")
+
+
+def _check_faults(cfg: Config) -> None:
+    """``faults``: every spec parses (:mod:`reasonrl.config.faults`), and every fault can fire
+    in this run: at a step the run reaches (train.total_steps), at a stage a step has (a slow
+    fault: generation), on a trainer rank it has (runtime.trainer_ranks), and a hang with a
+    watchdog to end it (resilience.hang_timeout_s)."""
+    try:
+        faults = parse_specs(list(cfg.faults))
+    except InputError as err:
+        raise ConfigError(str(err), "faults") from None
+    last, ranks = cfg.train.total_steps, cfg.runtime.trainer_ranks
+    for fault in faults:
+        _require(fault.step <= last, "faults", fault.spec,
+                 f"scheduled at step {fault.step}, past the last step (train.total_steps = {last}): it would never fire")
+        if fault.kind in ("crash", "sigkill", "hang") and fault.get("stage") is not None:
+            _require(fault.get("stage") in STAGES, "faults", fault.spec,
+                     f"{fault.get('stage')!r} is not a stage of a step; the stages: {', '.join(STAGES)}")
+        if fault.kind == "slow":
+            _require(fault.get("stage") == "gen", "faults", fault.spec,
+                     "a slow fault slows a rollout worker's generation: stage=gen (the default)")
+        if fault.kind in RANK_FAULTS:
+            _require(fault.get("rank") < ranks, "faults", fault.spec,
+                     f"names trainer rank {fault.get('rank')}; runtime.trainer_ranks = {ranks} has ranks 0..{ranks - 1}")
+        if fault.kind == "hang":
+            _require(cfg.resilience.hang_timeout_s > 0, "faults", fault.spec,
+                     "an injected hang sleeps until the hang watchdog ends it, and resilience.hang_timeout_s = 0 "
+                     "turns the watchdog off; set resilience.hang_timeout_s > 0")
 
 
 def _compiles(pattern: str) -> bool:

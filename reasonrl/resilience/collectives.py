@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.config import Config, ResilienceConfig, RuntimeConfig
+from reasonrl.config.faults import RANK_FAULTS
 from reasonrl.errors import InputError
 from reasonrl.metrics import EventLog
 from reasonrl.resilience.faults import parse_faults
@@ -50,8 +51,6 @@ from reasonrl.workers.trainer_rank import TrainerRank
 
 TRACE_DIR = "trace"
 """The run directory's folder of collective traces."""
-
-RANK_FAULTS = ("slow_rank", "hang_rank")
 
 
 # ---------------------------------------------------------------------- the ranks of a run
@@ -79,14 +78,10 @@ def launch_ranks(cfg: Config, model_dir: str | Path, run_dir: str | Path, *, ran
 
     ``timeout_s`` bounds every call; default :func:`~reasonrl.runtime.topology.rank_timeout_s`
     (``runtime.collective_timeout_s`` plus ``runtime.roles.policy.timeout_s``); each rank has
-    :func:`~reasonrl.runtime.topology.rank_threads` threads. InputError when a rank fault
-    names a rank the run does not have.
+    :func:`~reasonrl.runtime.topology.rank_threads` threads (a rank fault of a rank the run
+    does not have is refused by the config rules).
     """
     world = cfg.runtime.trainer_ranks
-    for fault in parse_faults(list(cfg.faults)).faults:
-        if fault.kind in RANK_FAULTS and fault.get("rank") >= world:
-            raise InputError(f"faults: {fault.spec} names trainer rank {fault.get('rank')}; runtime.trainer_ranks={world} "
-                             f"has ranks 0..{world - 1}")
     if timeout_s is None:
         timeout_s = rank_timeout_s(cfg)
     threads = rank_threads(cfg)

@@ -11,7 +11,11 @@
     the state the restart resumed from was in hand (the ``checkpoint`` event of that step, or
     the failed attempt's ``start`` when it is later) to the restarted trainer's ``resume``
     event. The steps done and lost in between, the detection, the back-off and the reload
-    are all in it. Consecutive failures before one successful restart count once.
+    are all in it. Consecutive failures before one successful restart count once. The
+    interval never reaches back before the invocation the failure happened in (the failure's
+    ``started``, when its attempt began, and the last ``done``, ``stopped``, ``gave_up`` or
+    ``fatal`` before it), and a failure no restart of its invocation resumed from counts from
+    the newest ``checkpoint`` before it to that invocation's ``gave_up``, ``stopped`` or ``fatal``.
   - A rollback: the wasted steps' time plus the restore (``recover_s``).
   - A skipped non-finite step: its time.
   - A rollout worker lost within a step (``rollout_worker_died``, ``rollout_worker_hung``): its
@@ -38,6 +42,9 @@ FAILURES = frozenset({"crash", "killed", "hang"})
 LIFECYCLE_KINDS = frozenset({"start", "resume", "recovered", "done", "stopped", "checkpoint", "slowdown_recovered",
                              "rollout_leftover", "rollout_started", "rollout_worker_joined", "fatal"})
 """Event kinds that record the run's course rather than an incident."""
+
+ENDS = frozenset({"done", "stopped", "gave_up", "fatal"})
+"""Event kinds that end an invocation of a run (the supervisor's last event)."""
 
 WORKER_REPLACED = frozenset({"rollout_worker_died", "rollout_worker_hung"})
 """A rollout worker lost within a step: its ``seconds_lost`` (the time its unfinished groups
@@ -82,27 +89,31 @@ def effective_time(events: list[dict[str, Any]], step_s: dict[int, float]) -> di
 
 def _failure_time(events: list[dict[str, Any]]) -> float:
     """Seconds from the state each restart resumed from to that restart's ``resume`` event,
-    once per restart that followed one or more failures."""
+    once per restart that followed one or more failures, within the failure's invocation."""
     lost = 0.0
-    floor = float("-inf")  # the end of the previous interval: intervals never overlap
+    floor = float("-inf")  # the end of the previous interval (or invocation): intervals never overlap
     i = 0
     while i < len(events):
+        if events[i]["kind"] in ENDS:
+            floor = max(floor, events[i]["time"])
         if events[i]["kind"] not in FAILURES:
             i += 1
             continue
         first = events[i]
-        j = next((k for k in range(i + 1, len(events)) if events[k]["kind"] == "resume"), None)
+        j = next((k for k in range(i + 1, len(events)) if events[k]["kind"] == "resume" or events[k]["kind"] in ENDS), None)
         end = events[j] if j is not None else None
-        from_step = end.get("from_step", 0) if end is not None else None
+        restarted = end is not None and end["kind"] == "resume"
+        from_step = end.get("from_step", 0) if restarted else None
         before = events[:i]
-        checkpoint = next((e["time"] for e in reversed(before) if e["kind"] == "checkpoint" and e["step"] == from_step), None)
+        checkpoint = next((e["time"] for e in reversed(before)  # none resumed: the newest one stands
+                           if e["kind"] == "checkpoint" and (not restarted or e["step"] == from_step)), None)
         start = next((e["time"] for e in reversed(before) if e["kind"] == "start"), None)
-        anchors = [t for t in (checkpoint, start) if t is not None]
+        anchors = [t for t in (checkpoint, start, first.get("started")) if t is not None]
         anchor = max([floor, *anchors]) if anchors else max(floor, first["time"])
         stop = end["time"] if end is not None else max(e["time"] for e in events[i:])
         lost += max(0.0, stop - anchor)
         floor = stop
-        i = j + 1 if j is not None else len(events)
+        i = (j + (1 if restarted else 0)) if j is not None else len(events)
     return lost
 
 

@@ -10,7 +10,9 @@ The plan only decides what is due; :mod:`reasonrl.resilience.injection` wraps th
 the heartbeat and the checkpoint writer so that the faults act where they would in a real
 run, and no production code path knows about them.
 
-Kinds and keys (defaults in brackets):
+Kinds and keys (defaults in brackets; the grammar is :mod:`reasonrl.config.faults`, and the
+config rules refuse a fault that could not fire in the run before anything loads). Any set of
+faults may be combined in one run, ckpt_kill and disk_full on the checkpoint writer included:
 
     crash           stage [any]     raise RuntimeError("injected crash ...")
     sigkill         stage [any]     SIGKILL the process
@@ -37,121 +39,25 @@ before it acts, so a process restarted from a checkpoint does not fire it again.
 
 from __future__ import annotations
 
-import difflib
 import json
-import math
 import os
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from reasonrl.errors import InputError
+from reasonrl.config.faults import KINDS, Fault, parse_specs
 from reasonrl.metrics import EventLog, write_atomic
 
 FIRED_FILE = "faults_fired.json"
 
-# Per key: how to read its value, the rule it must satisfy, and that rule in words.
-_KEYS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] = {
-    "stage": (str, str.isidentifier, "a stage name such as gen, reward or update"),
-    "factor": (float, lambda v: 1 < v < math.inf, "a finite number > 1"),
-    "worker": (int, lambda v: v >= 0, "an integer >= 0"),
-    "steps": (int, lambda v: v >= 1, "an integer >= 1"),
-    "count": (int, lambda v: v >= 1, "an integer >= 1"),
-    "rank": (int, lambda v: v >= 0, "a trainer rank, an integer >= 0"),
-}
-
-
-def _read(key: str, text: str) -> Any:
-    """The value of ``key`` from its text; ValueError when it breaks the key's rule."""
-    convert, valid, _ = _KEYS[key]
-    value = convert(text)
-    if not valid(value):
-        raise ValueError(text)
-    return value
-
-
-# Per kind: its keys with their defaults (None: the key may be left unset), in spec order.
-KINDS: dict[str, dict[str, Any]] = {
-    "crash": {"stage": None},
-    "sigkill": {"stage": None},
-    "hang": {"stage": "gen"},
-    "nan": {},
-    "slow": {"factor": 3.0, "worker": 0, "stage": "gen", "steps": 8},
-    "ckpt_kill": {},
-    "disk_full": {"count": 1},
-    "reward_timeout": {"count": 1},
-    "reward_error": {"count": 1},
-    "slow_rank": {"rank": 1, "factor": 3.0, "steps": 8},
-    "hang_rank": {"rank": 1},
-}
-
 _ACTIONS = ("crash", "sigkill", "hang")
-_FORMAT = "expected kind@step[:key=value...]"
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One scheduled fault: ``kind`` at training step ``step`` with its resolved ``params``."""
-
-    kind: str
-    step: int
-    params: tuple[tuple[str, Any], ...]
-
-    @property
-    def spec(self) -> str:
-        """Canonical spec string (defaults filled in); the fault's identity in the fired file."""
-        return f"{self.kind}@{self.step}" + "".join(f":{k}={v}" for k, v in self.params if v is not None)
-
-    def get(self, key: str) -> Any:
-        return dict(self.params)[key]
-
-
-def _spec_error(spec: str, problem: str) -> InputError:
-    return InputError(f"faults: fault spec {spec!r}: {problem}")
-
-
-def _parse_one(spec: str) -> Fault:
-    head, *options = spec.strip().split(":")
-    kind, at, step_text = head.partition("@")
-    if kind not in KINDS:
-        close = difflib.get_close_matches(kind, KINDS, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise _spec_error(spec, f"unknown kind {kind!r}; {hint}allowed kinds: {', '.join(KINDS)}; {_FORMAT}")
-    if not at:
-        raise _spec_error(spec, f"missing '@step' after {kind!r}; {_FORMAT}")
-    if not (step_text.isdigit() and int(step_text) >= 1):
-        raise _spec_error(spec, f"step {step_text!r} is not an integer >= 1")
-    step = int(step_text)
-    allowed = KINDS[kind]
-    params = dict(allowed)
-    for option in options:
-        key, eq, text = option.partition("=")
-        if key not in allowed:
-            keys = ", ".join(allowed) if allowed else "none"
-            raise _spec_error(spec, f"unknown key {key!r} for kind {kind!r}; allowed keys: {keys}")
-        if not eq:
-            raise _spec_error(spec, f"{option!r} is not key=value; {_FORMAT}")
-        try:
-            params[key] = _read(key, text)
-        except ValueError:
-            raise _spec_error(spec, f"bad value {text!r} for key {key!r}: expected {_KEYS[key][2]}") from None
-    return Fault(kind, step, tuple(params.items()))
 
 
 def parse_faults(specs: list[str]) -> FaultPlan:
-    """A FaultPlan from spec strings; InputError names the spec, the bad part and what is allowed.
-
-    Two specs describing the same fault (same canonical spec) are an error.
-    """
-    faults = [_parse_one(spec) for spec in specs]
-    seen: dict[str, str] = {}
-    for spec, fault in zip(specs, faults):
-        if fault.spec in seen:
-            raise _spec_error(spec, f"the same fault as {seen[fault.spec]!r}")
-        seen[fault.spec] = spec
-    return FaultPlan(faults)
+    """A FaultPlan from spec strings (:func:`reasonrl.config.faults.parse_specs`); InputError
+    names the spec, the bad part and what is allowed, and two specs of the same fault."""
+    return FaultPlan(parse_specs(specs))
 
 
 def _hang_forever() -> None:

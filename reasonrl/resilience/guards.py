@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.config import ResilienceConfig
+from reasonrl.errors import WriteError
 from reasonrl.metrics import EventLog
 
 if TYPE_CHECKING:
@@ -361,8 +362,11 @@ class StageWatchdog:
         if self._fd is None:
             raise RuntimeError(f"StageWatchdog for {self.dump_path} is stopped")
         tmp = self.stage_path.with_name(self.stage_path.name + ".tmp")
-        tmp.write_text(stage + "\n", encoding="utf-8")
-        os.replace(tmp, self.stage_path)
+        try:
+            tmp.write_text(stage + "\n", encoding="utf-8")
+            os.replace(tmp, self.stage_path)
+        except OSError as err:  # a full disk: one clear error, not a crash to restart
+            raise WriteError.of(self.stage_path, err) from err
         faulthandler.dump_traceback_later(self.timeout_s, repeat=False, file=self._fd, exit=True)
 
     def stop(self) -> None:

@@ -29,7 +29,6 @@ from typing import Any, Callable
 import torch
 
 from reasonrl.checkpoint import CheckpointWriter
-from reasonrl.errors import InputError
 from reasonrl.resilience.faults import FaultPlan
 from reasonrl.reward.base import Grades
 from reasonrl.reward.pool import RewardPool
@@ -214,26 +213,6 @@ def _renumber(error: str, offset: int) -> str:
     return f"sample {int(head.removeprefix('sample ')) + offset}: {rest}"
 
 
-class _KillingWriter(CheckpointWriter):
-    """At a ckpt_kill fault's step, SIGKILLs the process once the checkpoint's first file is
-    written and fsynced (before its manifest and COMMITTED marker)."""
-
-    def __init__(self, root: Path, keep: int, plan: FaultPlan) -> None:
-        super().__init__(root, keep)
-        self.plan = plan
-        self._due = None
-
-    def save(self, step: int, tensors, state) -> Path:
-        self._due = self.plan.at("ckpt_kill", step)
-        return super().save(step, tensors, state)
-
-    def write_file(self, path: Path, write) -> None:
-        super().write_file(path, write)
-        if self._due is not None:
-            self.plan.mark(self._due, file=str(path))
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 class _FullFile:
     """A file on a disk that fills up after ``room`` bytes: later writes raise ENOSPC, as the
     kernel's would."""
@@ -257,15 +236,20 @@ class _FullFile:
         return getattr(self._f, name)
 
 
-class _FullDiskWriter(CheckpointWriter):
-    """From a disk_full fault's step on, the next ``count`` checkpoints meet a full disk: their
-    ``state.pt`` (written by torch.save) runs out of space after 4 KiB."""
+class _FaultyWriter(CheckpointWriter):
+    """The checkpoint writer of a run with ckpt_kill or disk_full faults (or both, at any steps).
+
+    ckpt_kill: at its step, SIGKILLs the process once the checkpoint's first file is written
+    and fsynced (before its manifest and COMMITTED marker). disk_full: from its step on, the
+    next ``count`` checkpoints meet a full disk: their ``state.pt`` (written by torch.save)
+    runs out of space after 4 KiB."""
 
     def __init__(self, root: Path, keep: int, plan: FaultPlan) -> None:
         super().__init__(root, keep)
         self.plan = plan
         self.left = 0
         self._full = False
+        self._kill = None
 
     def save(self, step: int, tensors, state) -> Path:
         due = next((f for f in self.plan.faults if f.kind == "disk_full" and f.step <= step and f.spec not in self.plan.fired), None)
@@ -274,21 +258,23 @@ class _FullDiskWriter(CheckpointWriter):
             self.left = due.get("count")
         self._full = self.left > 0
         self.left -= self._full
+        self._kill = self.plan.at("ckpt_kill", step)
         return super().save(step, tensors, state)
 
     def open_file(self, path: Path):
         f = super().open_file(path)
         return _FullFile(f, 4096) if self._full and path.name == "state.pt" else f
 
+    def write_file(self, path: Path, write) -> None:
+        super().write_file(path, write)
+        if self._kill is not None:
+            self.plan.mark(self._kill, file=str(path))
+            os.kill(os.getpid(), signal.SIGKILL)
+
 
 def checkpoint_writer(root: Path, keep: int, plan: FaultPlan) -> CheckpointWriter:
     """The run's checkpoint writer: one that dies mid-write (ckpt_kill) or meets a full disk
-    (disk_full) when the plan has such a fault."""
-    kinds = {f.kind for f in plan.faults}
-    if "ckpt_kill" in kinds and "disk_full" in kinds:
-        raise InputError("faults: ckpt_kill and disk_full both act on the checkpoint writer; rehearse them in separate runs")
-    if "ckpt_kill" in kinds:
-        return _KillingWriter(root, keep, plan)
-    if "disk_full" in kinds:
-        return _FullDiskWriter(root, keep, plan)
+    (disk_full) where the plan has such faults."""
+    if any(f.kind in ("ckpt_kill", "disk_full") for f in plan.faults):
+        return _FaultyWriter(root, keep, plan)
     return CheckpointWriter(root, keep)

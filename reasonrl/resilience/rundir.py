@@ -103,8 +103,12 @@ class RunLock:
         holders = _holders(self.fd) if adopted else {}
         holders[self.role] = os.getpid()
         text = json.dumps({**holders, "since": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n"
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, text.encode(), 0)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, text.encode(), 0)
+        except OSError as err:  # a full disk: the lock holds all the same, its text names nobody
+            print(f"reasonrl: cannot name the holder in {self.path} ({os.strerror(err.errno).lower()}); "
+                  "the lock holds all the same", file=sys.stderr, flush=True)
 
     def inherit(self) -> tuple[tuple[int, ...], dict[str, str]]:
         """``(pass_fds, env)`` that hand this lock and our pid to a child process."""

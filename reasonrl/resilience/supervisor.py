@@ -12,7 +12,8 @@ step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind`
 - ``crash`` (non-zero exit), ``killed`` (ended by a signal) and ``hang`` (the child's watchdog
   wrote ``hang_dump.txt``, or the heartbeat file ``hang_dump.stage`` went stale and the
   supervisor killed the child): ``step`` = last step in ``metrics.jsonl``, ``detect_s``,
-  ``attempt``, ``returncode``, ``stderr_tail``, ``backoff_s`` (``None`` when giving up);
+  ``attempt``, ``started`` (when the attempt's process started, unix time), ``returncode``,
+  ``stderr_tail``, ``backoff_s`` (``None`` when giving up);
   ``killed`` adds ``signal``; ``hang`` adds ``source`` ("watchdog" or "heartbeat"), ``stage``,
   ``stack`` (the dump, at most ``STACK_CHARS`` characters) and ``dump`` (where it was moved).
 - ``recovered``: ``step`` = first new step, ``recover_s`` (detection of the first unrecovered
@@ -20,11 +21,15 @@ step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind`
 - ``gave_up``: ``restarts``, ``message``. ``stopped``: ``signal``, ``returncode``.
   ``done``: ``restarts``, ``wall_s``. ``fatal``: ``returncode`` (2) and ``message``, the
   child's last stderr line: an error a restart would meet again (:mod:`reasonrl.errors`),
-  which ends supervision at once.
+  which ends supervision at once. A child that exits 2 in a directory holding a run
+  (``config.yaml``) before any child of this supervision passed its resume check (its
+  ``resume`` event) may have refused the directory as another run's: the supervisor then
+  writes nothing (no event, no ``summary.json``; ``SupervisorResult.refused``).
 
 A failure counts as recovered only once a restarted child has trained a step past the one it
 resumed from (or has finished the run). ``summary.json`` holds the figures of
-:func:`reasonrl.resilience.ettr.effective_time`.
+:func:`reasonrl.resilience.ettr.effective_time`. An event or the summary that cannot be
+written (a full disk) goes to stderr instead, and supervision goes on and ends as it would.
 
 The child itself writes ``start`` (each start) and ``resume`` (with ``from_step``) events.
 """
@@ -45,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.config import Config
-from reasonrl.errors import EXIT_FATAL
+from reasonrl.errors import EXIT_FATAL, WriteError
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.guards import read_hang_dump
@@ -97,12 +102,15 @@ class RestartPolicy:
 @dataclass
 class SupervisorResult:
     """How supervision ended: the last child's return code (negative: killed by that signal),
-    the number of restarts, the failure events (as written) and the seconds supervised."""
+    the number of restarts, the failure events (as written), the seconds supervised, and
+    whether the child refused the run directory before its resume check passed (nothing was
+    written to it then)."""
 
     returncode: int
     restarts: int
     incidents: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
+    refused: bool = False
 
 
 class _StderrTail:
@@ -240,6 +248,10 @@ class _Supervisor:
         self.child: _Child | None = None
         self.stop_signal: int | None = None
         self.wake = threading.Event()
+        self.began = time.time()
+        self.held_run = (run_dir / "config.yaml").exists()
+        """The directory held a run when supervision began (one a resume check may refuse)."""
+        self.refused = False
 
     def run(self) -> int:
         """Run children until one succeeds, a stop signal arrives or restarts run out."""
@@ -252,12 +264,15 @@ class _Supervisor:
             if self.stop_signal is None and returncode == 0:
                 if self.pending is not None:
                     self._recovered(child, finished=True)
-                self.events.emit("done", self._last_step(), restarts=self.restarts, wall_s=time.monotonic() - started)
+                self._emit("done", self._last_step(), restarts=self.restarts, wall_s=time.monotonic() - started)
                 return 0
             if self.stop_signal is None and returncode == EXIT_FATAL:
                 # Bad config or data, a deterministic limit: the same command would fail the same way again.
+                if not self._ours():
+                    self.refused = True  # maybe another run's directory: leave it as it was
+                    return returncode
                 tail = child.tail.text().strip()
-                self.events.emit("fatal", self._last_step(), returncode=returncode,
+                self._emit("fatal", self._last_step(), returncode=returncode,
                                  message=tail.rsplit("\n", 1)[-1] if tail else "")
                 return returncode
             if self.stop_signal is None:
@@ -267,10 +282,25 @@ class _Supervisor:
                     return returncode
                 self.wake.wait(incident["backoff_s"])
             if self.stop_signal is not None:
-                self.events.emit("stopped", self._last_step(), signal=_signal_name(self.stop_signal),
+                self._emit("stopped", self._last_step(), signal=_signal_name(self.stop_signal),
                                  returncode=returncode)
                 return 128 + self.stop_signal
             self.restarts += 1
+
+    def _emit(self, kind: str, step: int | None, **fields: Any) -> None:
+        """Append an event to ``events.jsonl``; where it cannot be written (a full disk), put it
+        on stderr instead (without the stderr tail and stack it repeats) and go on."""
+        try:
+            self.events.emit(kind, step, **fields)
+        except OSError as err:
+            shown = {k: v for k, v in fields.items() if k not in ("stderr_tail", "stack")}
+            print(f"reasonrl supervisor: {WriteError.of(self.events.path, err)}; the event: "
+                  + json.dumps({"kind": kind, "step": step, **shown}, default=str), file=sys.stderr, flush=True)
+
+    def _ours(self) -> bool:
+        """Whether the run directory is this run's: it held no run when supervision began, or
+        a child of this supervision has passed its resume check (its ``resume`` event)."""
+        return not self.held_run or any(e["kind"] == "resume" and e["time"] >= self.began for e in _rows(self.events.path))
 
     def _watch(self, child: _Child) -> tuple[tuple[str, float] | None, float]:
         """Wait for the child to exit, logging recovery and killing it if its heartbeat goes
@@ -319,7 +349,7 @@ class _Supervisor:
         fields["backoff_s"] = None if giving_up else self.policy.backoff(self.exponent)
         self.exponent += 1
         fields["stderr_tail"] = child.tail.text()
-        self.events.emit(kind, step, **fields)
+        self._emit(kind, step, **fields)
         incident = {"kind": kind, "step": step, **fields}
         self.incidents.append(incident)
         self._remember(detected, step, rows)
@@ -330,7 +360,7 @@ class _Supervisor:
         """The failure's kind and its fields: a hang (killed for a stale heartbeat, or a stack
         dump written during this attempt), a kill by a signal, or a crash."""
         returncode = child.proc.returncode
-        fields: dict[str, Any] = {"attempt": self.restarts + 1, "returncode": returncode}
+        fields: dict[str, Any] = {"attempt": self.restarts + 1, "started": child.started, "returncode": returncode}
         dump = self._move_dump(child.started)
         if hang is None and dump is None:
             fields["detect_s"] = detected - child.exit_time
@@ -384,7 +414,7 @@ class _Supervisor:
         if new is None and not finished:
             return
         step = rows[new]["step"] if new is not None else (rows[-1]["step"] if rows else None)
-        self.events.emit("recovered", step, recover_s=time.time() - pending.since,
+        self._emit("recovered", step, recover_s=time.time() - pending.since,
                          steps_lost=max(0, pending.last_step - from_step), from_step=from_step,
                          failures=pending.failures)
         self.pending = None
@@ -402,7 +432,7 @@ class _Supervisor:
                    f"{self.policy.max_restarts}): the last attempt ended with a {incident['kind']} at step "
                    f"{incident['step']} (return code {incident['returncode']})"
                    + (f": {last_line}" if last_line else "") + f"; see {self.events.path}")
-        self.events.emit("gave_up", incident["step"], restarts=self.restarts, message=message)
+        self._emit("gave_up", incident["step"], restarts=self.restarts, message=message)
         print(f"reasonrl supervisor: {message}", file=sys.stderr, flush=True)
 
     def on_signal(self, signum: int, frame) -> None:
@@ -446,7 +476,7 @@ def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dic
         if sup.child is not None and sup.child.proc.poll() is None:
             sup.child.signal(signal.SIGKILL, group=True)
             sup.child.proc.wait()
-    return SupervisorResult(returncode, sup.restarts, sup.incidents, time.monotonic() - start)
+    return SupervisorResult(returncode, sup.restarts, sup.incidents, time.monotonic() - start, sup.refused)
 
 
 def summarize_run(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
@@ -468,8 +498,9 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 def train_supervised(cfg: Config, command: list[str]) -> int:
     """Run ``command`` (a trainer) under the supervisor, holding the run directory's lock with
-    it; write and print the run's summary. RunDirError when the directory is unusable or
-    another trainer holds it."""
+    it; write and print the run's summary (not when the child refused the directory:
+    ``SupervisorResult.refused``; on stderr when ``summary.json`` cannot be written).
+    RunDirError when the directory is unusable or another trainer holds it."""
     r = cfg.resilience
     # The parent's heartbeat check backs up the in-process watchdog, so it waits longer.
     heartbeat = 2 * r.hang_timeout_s if r.hang_timeout_s > 0 else float("inf")
@@ -480,8 +511,14 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
     try:
         pass_fds, env = lock.inherit()
         result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds)
+        if result.refused:  # the child said why; the directory stays as it was
+            return result.returncode
         summary = summarize_run(run_dir, wall_s=result.wall_s)
-        write_summary(run_dir, summary)
+        try:
+            write_summary(run_dir, summary)
+        except OSError as err:  # a full disk: the summary goes to stderr, supervision ends as it would
+            print(f"reasonrl supervisor: {WriteError.of(run_dir / 'summary.json', err)}; the summary: "
+                  + json.dumps(summary, sort_keys=True), file=sys.stderr, flush=True)
     finally:
         lock.release()
     print(json.dumps({"restarts": result.restarts, **{k: summary[k] for k in ("ettr", "mttr_s", "time_lost_s", "steps_lost", "incidents")}}))

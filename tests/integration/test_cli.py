@@ -80,6 +80,20 @@ def test_the_checks_before_an_embedded_run_load_no_model_code(tmp_path):
     assert proc.stdout.split()[-3:] == ["0", "False", "False"], proc.stdout + proc.stderr
 
 
+def test_a_dry_run_refuses_the_faults_a_run_would_refuse_and_passes_any_combination(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    for faults, needle in (("faults=[crash@1,crash@3]", "faults = 'crash@3': scheduled at step 3, past the last step "
+                                                        "(train.total_steps = 2)"),
+                           ("faults=[slow_rank@1]", "names trainer rank 1; runtime.trainer_ranks = 1")):
+        code, _, dry = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2), faults)
+        assert code == 2 and needle in dry, dry
+        code, _, real = _main(capsys, "train", "grpo", "--no-supervisor", *tiny_run(model_dir, run, 2), faults)
+        assert code == 2 and real == dry and not run.exists()  # the same line, before anything was created
+    code, _, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2),
+                         "faults=[ckpt_kill@1,disk_full@2,crash@2,sigkill@1:stage=gen]")
+    assert code == 0, err
+
+
 def test_a_dry_run_checks_everything_prints_the_plan_and_writes_nothing(capsys, model_dir, tmp_path):
     run = tmp_path / "run"
     code, out, err = _main(capsys, "train", "grpo", "--dry-run", *tiny_run(model_dir, run, 2))

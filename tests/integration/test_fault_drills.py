@@ -1,8 +1,9 @@
 """Injected faults on a real supervised training process (tiny random model), checked in events.jsonl.
 
-Run A: crashes, SIGKILLs at several points (one in the middle of a checkpoint write) and a
-hang; the supervisor restarts the trainer from the last committed checkpoint each time and
-the final weights are bit-identical to an uninterrupted run.
+Run A: crashes, SIGKILLs at several points (in generation, in the update, in the middle of a
+checkpoint write), a full disk at a checkpoint and a hang, all in one run; the supervisor
+restarts the trainer from the last committed checkpoint each time and the final weights are
+bit-identical to an uninterrupted run.
 Run B: faults handled inside the process: NaN loss (update skipped, then a rollback),
 reward timeouts and errors (samples failed, run goes on), and a slow rollout worker
 (detected as fail-slow, work shifted away from it).
@@ -37,37 +38,42 @@ def overrides(model_dir, run_dir, steps, *extra):
     ]
 
 
-def supervised(args):
+def supervised(args, timeout_s=300):
     cmd = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
 
 
-def test_restarts_after_crash_sigkill_checkpoint_kill_and_hang_end_bit_identical(model_dir, tmp_path):
+def test_restarts_after_every_restart_fault_in_one_run_end_bit_identical(model_dir, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
-    Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 8))).run()
-    faults = "faults=[crash@2,sigkill@4:stage=update_actor,ckpt_kill@5,hang@6:stage=adv]"  # a kill at gen: tests/e2e
-    proc = supervised(overrides(model_dir, faulty, 8, faults, "resilience.hang_timeout_s=3", "resilience.max_restarts=8"))
+    Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 6))).run()
+    faults = "faults=[crash@2,disk_full@2,sigkill@3:stage=gen,ckpt_kill@4,sigkill@5:stage=update_actor,hang@6:stage=adv]"
+    proc = supervised(overrides(model_dir, faulty, 6, faults, "resilience.hang_timeout_s=10", "resilience.max_restarts=8"),
+                      timeout_s=480)  # five restarts, each a cold start
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = read_jsonl(faulty / "events.jsonl")
     kinds = [e["kind"] for e in events]
-    assert kinds.count("crash") == 1 and kinds.count("killed") == 2 and kinds.count("hang") == 1
+    assert kinds.count("crash") == 1 and kinds.count("killed") == 3 and kinds.count("hang") == 1
     hang = next(e for e in events if e["kind"] == "hang")
     assert hang["stage"] == "adv" and "in _hang_forever" in hang["stack"] and "in step" in hang["stack"]
     recovered = [e for e in events if e["kind"] == "recovered"]
-    assert len(recovered) == 4 and all(e["recover_s"] >= 0 for e in recovered)
+    assert len(recovered) == 5 and all(e["recover_s"] >= 0 for e in recovered)
     # crash@2 fires at step 2's first stage, after step 1's checkpoint (not in the checkpoint stage)
     crash = next(e for e in events if e["kind"] == "fault_injected" and e["fault"] == "crash@2")
     assert crash["stage"] != "checkpoint" and recovered[0]["from_step"] == 1 and recovered[0]["steps_lost"] == 0
-    # ckpt_kill died after a file of step 5 was written: step 5 was redone from step 4.
+    # The redone step 2 found the disk full at its checkpoint: the kill in step 3's generation resumed from step 1.
+    assert [e["step"] for e in events if e["kind"] == "checkpoint_failed"] == [2]
+    assert recovered[1]["from_step"] == 1 and recovered[1]["steps_lost"] == 1
+    # ckpt_kill died after a file of step 4 was written: step 4 was redone from step 3.
     assert any(e["kind"] == "fault_injected" and e["fault"].startswith("ckpt_kill") for e in events)
-    a = load_file(clean / "checkpoints/step_8/policy.safetensors")
-    b = load_file(faulty / "checkpoints/step_8/policy.safetensors")
+    assert [e["from_step"] for e in recovered[2:]] == [3, 4, 5]
+    a = load_file(clean / "checkpoints/step_6/policy.safetensors")
+    b = load_file(faulty / "checkpoints/step_6/policy.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed run's weights differ from the clean run"
     rows = read_jsonl(faulty / "metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert [r["step"] for r in rows] == list(range(1, 7))
     assert 0 < rows[-1]["ettr"] < 1 and rows[-1]["time_lost_s"] > 0 and rows[-1]["mttr_s"] > 0
     summary = json.loads((faulty / "summary.json").read_text())
-    assert summary["incidents"] == {"crash": 1, "killed": 2, "hang": 1, "fault_injected": 4}
+    assert summary["incidents"] == {"crash": 1, "killed": 3, "hang": 1, "fault_injected": 6, "checkpoint_failed": 1}
     # One ETTR: the last metrics row, summary.json and the report say the same.
     report = load_run(faulty).figures
     assert rows[-1]["ettr"] == pytest.approx(summary["ettr"], abs=1e-12) == pytest.approx(report["ettr"], abs=1e-12)

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ import torch
 from reasonrl.checkpoint import find_latest, load_checkpoint
 from reasonrl.cli import main
 from reasonrl.metrics import read_jsonl
-from tests.conftest import tiny_run
+from tests.conftest import fill, tiny_run
 
 
 def train(capsys, model_dir, run_dir, *extra, steps=2):
@@ -125,6 +124,7 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_training_goes_on
     run = tmp_path / "run"
     code, err = train(capsys, model_dir, run, "checkpoint.every_steps=2", "checkpoint.keep=3", "faults=[disk_full@4]", steps=6)
     assert code == 0, err
+    assert any(f"the previous checkpoint ({run / 'checkpoints' / 'step_2'}) is intact" in line for line in err), err
     events = read_jsonl(run / "events.jsonl")
     (failed,) = [e for e in events if e["kind"] == "checkpoint_failed"]
     assert failed["step"] == 4 and failed["cause"] == "no space left on device"
@@ -134,10 +134,58 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_training_goes_on
     assert load_checkpoint(run / "checkpoints/step_2")[0] == 2 and (run / "final").is_dir()
 
 
+def on_a_full_disk(run, disk, name, directory=False):
+    """A fresh run directory whose ``name`` (a file, or a directory) is on ``disk``, filled up."""
+    run.mkdir()
+    (run / "run.lock").touch()  # a reasonrl run directory, with nothing in it yet
+    if directory:
+        (disk / name).mkdir()
+    (run / name).symlink_to(disk / name)
+    fill(disk)
+    return run / name
+
+
+def test_a_full_disk_at_the_metrics_stops_the_supervised_run_with_a_checkpoint_and_one_line(model_dir, small_disk,
+                                                                                            tmp_path):
+    run = tmp_path / "run"
+    metrics = on_a_full_disk(run, small_disk, "metrics.jsonl")
+    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run, 3)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    disk = small_disk.resolve()
+    line = (f"reasonrl train: error: {metrics}: cannot write (no space left on device; the file system at {disk}); "
+            f"the run stopped at step 1 and a rerun resumes from {run / 'checkpoints' / 'step_1'}; free space on {disk} "
+            "and run the same command again")
+    assert proc.stderr.strip().splitlines()[-1] == line
+    events = read_jsonl(run / "events.jsonl")
+    (failed,) = [e for e in events if e["kind"] == "write_failed"]
+    assert (failed["step"], failed["path"], failed["disk"], failed["cause"]) == (1, str(metrics), str(disk),
+                                                                                 "no space left on device")
+    assert events[-1]["kind"] == "fatal" and events[-1]["message"] == line  # the supervisor's: it did not restart
+    assert not {"crash", "gave_up"} & {e["kind"] for e in events}
+    assert load_checkpoint(run / "checkpoints" / "step_1")[0] == 1
+    assert json.loads((run / "summary.json").read_text())["incidents"] == {"write_failed": 1}
+
+
+@pytest.mark.parametrize("name", ["samples.jsonl", "tensorboard"])
+def test_a_full_disk_at_the_samples_or_tensorboard_stops_the_run_with_one_line(capsys, model_dir, small_disk, tmp_path,
+                                                                               name):
+    run = tmp_path / "run"
+    target = on_a_full_disk(run, small_disk, name, directory=name == "tensorboard")
+    code, err = train(capsys, model_dir, run, "run.loggers=[tensorboard]" if name == "tensorboard" else "run.keep_samples=4",
+                      steps=3)
+    assert_fatal(code, err, f"{target}: cannot write (no space left on device; the file system at {small_disk.resolve()})",
+                 f"the run stopped at step 1 and a rerun resumes from {run / 'checkpoints' / 'step_1'}")
+    assert [e["path"] for e in read_jsonl(run / "events.jsonl") if e["kind"] == "write_failed"] == [str(target)]
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
+
+
 def test_a_final_checkpoint_that_cannot_be_written_is_retried_then_an_error(capsys, model_dir, tmp_path):
     run = tmp_path / "run"
     code, err = train(capsys, model_dir, run, "checkpoint.final_retries=2", "faults=[disk_full@2:count=5]")
-    assert_fatal(code, err, "final checkpoint could not be written in 2 attempts (no space left on device)")
+    assert_fatal(code, err, "final checkpoint could not be written in 2 attempts (no space left on device)",
+                 "no checkpoint of this run has been written, so a rerun starts from the beginning")
+    assert not any("intact" in line for line in err), err  # there is none to keep
     assert [e["attempt"] for e in read_jsonl(run / "events.jsonl") if e["kind"] == "checkpoint_failed"] == [1, 2]
     assert find_latest(run / "checkpoints") is None and not (run / "final").exists()
 
@@ -154,13 +202,21 @@ def test_a_run_that_never_applied_an_update_ends_non_zero_and_exports_nothing(ca
 def test_the_supervisor_does_not_restart_an_error_that_would_repeat(capsys, model_dir, tmp_path):
     run = tmp_path / "run"
     assert train(capsys, model_dir, run)[0] == 0
-    began = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run, 2), "algo.eps_high=0.3"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and time.monotonic() - began < 30, proc.stderr
-    assert "Traceback" not in proc.stderr and "different configuration" in proc.stderr
+    before = files(run)
+
+    def supervised(*extra, steps=2):
+        return subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run, steps), *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    proc = supervised("algo.eps_high=0.3")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "different configuration" in proc.stderr.strip().splitlines()[-1]
+    assert files(run) == before  # no restart, and a refused resume writes nothing: no fatal event, no summary.json
+    # A fatal error of a run that passed its resume check (this run's): the fatal event stays.
+    proc = supervised("checkpoint.final_retries=1", "faults=[disk_full@3:count=5]", steps=3)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     events = read_jsonl(run / "events.jsonl")
-    assert events[-1]["kind"] == "fatal" and "different configuration" in events[-1]["message"]
+    assert events[-1]["kind"] == "fatal" and "final checkpoint could not be written" in events[-1]["message"]
     assert not {"crash", "recovered", "gave_up"} & {e["kind"] for e in events}
 
 

@@ -3,12 +3,15 @@ per-source summary and validation metric names built on them."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from reasonrl.algo.evaluation import majority_vote, mean_stderr, pass_at_k
-from reasonrl.evaluation import ALL, Evaluation, PromptResult, Stat, pass_sizes, summarize
+from reasonrl.config import load
+from reasonrl.evaluation import ALL, Evaluation, ModelEvaluation, PromptResult, Stat, format_table, pass_sizes, results_json, summarize
 
 
 def test_majority_vote_counts_answers_and_ignores_samples_without_one():
@@ -39,7 +42,7 @@ def test_mean_stderr_by_hand():
     mean, stderr = mean_stderr([1.0, 0.0, 0.0, 1.0])
     assert mean == 0.5 and stderr == pytest.approx(math.sqrt(1 / 3) / 2)
     assert mean_stderr([0.25, 0.25, 0.25]) == (0.25, 0.0)
-    assert mean_stderr([0.75]) == (0.75, 0.0)
+    assert mean_stderr([0.75]) == (0.75, None)  # one value: no spread to speak of
     with pytest.raises(ValueError, match="no values"):
         mean_stderr([])
 
@@ -78,6 +81,17 @@ def test_summarize_by_hand():
 def test_summarize_leaves_out_greedy_without_greedy_grades():
     results = [PromptResult("a", (True,), ("1",))]
     assert list(summarize(results, 1)) == ["mean@1", "maj@1"]
+
+
+def test_a_standard_error_over_one_prompt_is_undefined_in_json_and_in_the_table():
+    # source "b" has one prompt (undefined), "a" two: c/k = 0.5 and 0.0, s = sqrt(0.125), stderr = s / sqrt(2) = 0.25
+    cfg = load("recipes/grpo.yaml", [])
+    results = results_json(cfg, [ModelEvaluation("m", Evaluation(4, _results(), []))], Path("samples.jsonl"))
+    rows = {r["data_source"]: r for r in json.loads(json.dumps(results))["results"]}
+    assert rows["b"]["prompts"] == 1 and rows["b"]["mean@4"] == {"mean": 0.75, "stderr": None}
+    assert rows["a"]["mean@4"]["stderr"] == pytest.approx(0.25)
+    table = {line.split()[1]: line for line in format_table(results).splitlines()[1:]}
+    assert "0.750 ± n/a" in table["b"] and "0.250 ± 0.250" in table["a"]
 
 
 def test_validation_metrics_keep_the_old_names_beside_the_per_source_ones():

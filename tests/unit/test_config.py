@@ -329,9 +329,9 @@ def test_a_recipe_section_with_a_moved_key_names_its_new_key(tmp_path):
 
 
 def test_every_refusal_left_in_the_rules_is_about_a_value_or_a_backend():
-    """No rule refuses a role count, a runtime or a fault kind: those combinations all run.
-    The cross-key refusals left are listed here; each is a value range, an algorithm's
-    contradiction, or what a backend cannot do."""
+    """No rule refuses a role count or a runtime: those combinations all run (and any set of
+    fault kinds: below). The cross-key refusals left are listed here; each is a value range,
+    an algorithm's contradiction, or what a backend cannot do."""
     import ast
     import inspect
     import re
@@ -347,7 +347,34 @@ def test_every_refusal_left_in_the_rules_is_about_a_value_or_a_backend():
         "train.gen_prompts_per_step", "train.micro_batch_size", "train.mini_batch_size", "train.old_logprobs",
         "train.strategy",
     ]), refused
-    assert not re.search(r"rollout_workers|reward_workers|runtime\.engine|faults", source)
+    assert not re.search(r"rollout_workers|reward_workers|runtime\.engine", source)
+
+
+def test_every_fault_kind_in_one_run_is_valid():
+    # several on the checkpoint writer (ckpt_kill, disk_full), several restarts, the rank faults
+    faults = ("crash@1,sigkill@2:stage=update_actor,sigkill@3:stage=gen,hang@4,nan@5,slow@1,ckpt_kill@6,disk_full@6,"
+              "disk_full@7:count=2,reward_timeout@7,reward_error@8,slow_rank@2:rank=1,hang_rank@8:rank=1")
+    cfg = load(None, [f"faults=[{faults}]", "train.total_steps=8", "runtime.trainer_ranks=2"])
+    assert len(cfg.faults) == 13
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["faults=[crash@2,crash@9]", "train.total_steps=8"],
+     "command line: faults = 'crash@9': scheduled at step 9, past the last step (train.total_steps = 8): it would never fire"),
+    (["faults=[hang_rank@2]"], "command line: faults = 'hang_rank@2:rank=1': names trainer rank 1; "
+                               "runtime.trainer_ranks = 1 has ranks 0..0"),
+    (["faults=[hang@2:stage=adv]", "resilience.hang_timeout_s=0"],
+     "command line: faults = 'hang@2:stage=adv': an injected hang sleeps until the hang watchdog ends it"),
+    (["faults=[crsh@2]"], "command line: faults: fault spec 'crsh@2': unknown kind 'crsh'; did you mean 'crash'?"),
+    (["faults=[crash@2:stage=update]"], "command line: faults = 'crash@2:stage=update': 'update' is not a stage of a "
+                                        "step; the stages: gen, old_log_prob, ref, values, adv, update_critic, "
+                                        "update_actor, publish, testing"),
+    (["faults=[slow@2:stage=adv]"], "command line: faults = 'slow@2:factor=3.0:worker=0:stage=adv:steps=8': a slow "
+                                    "fault slows a rollout worker's generation: stage=gen"),
+    (["faults=[nan@3,nan@3]"], "command line: faults: fault spec 'nan@3': the same fault as 'nan@3'"),
+])
+def test_a_fault_the_run_could_not_fire_is_refused_by_key(overrides, expected):
+    assert error(None, overrides).startswith(expected)
 
 
 @pytest.mark.parametrize("overrides, expected", [

@@ -27,6 +27,31 @@ def test_time_between_two_invocations_is_not_lost():
     assert effective_time(events, STEPS)["ettr"] == 1.0
 
 
+def test_a_resumed_run_that_crashes_loses_nothing_of_the_gap_before_it():
+    # The first invocation stops after step 3; 900 s later the second one's first attempt dies
+    # while loading (no resume, no start of its own), and its restart resumes from step 3.
+    events = [ev(0.0, "start", 0), ev(20.0, "checkpoint", 3), ev(20.5, "stopped", 3, signal="SIGTERM"),
+              ev(930.0, "crash", 3, started=920.0),
+              ev(935.0, "resume", 3, from_step=3), ev(936.0, "start", 3),
+              ev(940.0, "recovered", 4, recover_s=10.0, steps_lost=0), ev(950.0, "done", 6)]
+    figures = effective_time(events, STEPS)
+    assert figures["lost_s"] == pytest.approx(15.0)  # 920 (the attempt began) -> 935 (its restart resumed)
+    assert figures["ettr"] == pytest.approx(15.0 / 30.0)
+    # The same without the attempt's start time (a log of an older supervisor): from the end of the
+    # previous invocation (20.5), not from its checkpoint (20.0) or its start (0.0).
+    del events[3]["started"]
+    assert effective_time(events, STEPS)["lost_s"] == pytest.approx(935.0 - 20.5)
+
+
+def test_failures_an_invocation_gave_up_on_lose_nothing_of_the_gap_after_it():
+    events = [ev(0.0, "start", 0), ev(10.0, "checkpoint", 2), ev(12.0, "crash", 3, started=0.0),
+              ev(14.0, "crash", 2, started=13.0), ev(14.5, "gave_up", 2, restarts=1),
+              ev(900.0, "resume", 2, from_step=2), ev(901.0, "start", 2), ev(920.0, "done", 6)]
+    figures = effective_time(events, STEPS)
+    assert figures["lost_s"] == pytest.approx(4.5)  # the checkpoint (10) -> gave_up (14.5), not -> 900
+    assert figures["incidents"] == {"crash": 2, "gave_up": 1}
+
+
 def test_consecutive_failures_before_one_restart_count_once():
     events = [
         ev(100.0, "start", 0), ev(104.0, "checkpoint", 2),

@@ -59,6 +59,18 @@ def test_duplicate_faults_are_rejected():
         parse_faults(["hang@3", "hang@3:stage=gen"])
 
 
+def test_the_stages_a_fault_may_name_are_the_controllers():
+    import ast
+    import inspect
+
+    from reasonrl import controller
+    from reasonrl.config.faults import STAGES
+
+    calls = [n for n in ast.walk(ast.parse(inspect.getsource(controller))) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "stage"]
+    assert sorted({c.args[1].value for c in calls}) == sorted(STAGES)
+
+
 def test_fires_once_across_a_restart(tmp_path):
     specs = ["crash@5", "nan@6", "reward_timeout@7:count=3", "sigkill@9"]
     plan = parse_faults(specs).bind(tmp_path)

@@ -5,9 +5,11 @@ import re
 
 import pytest
 
+from reasonrl.cli import main
 from reasonrl.config import dump, load
 from reasonrl.errors import InputError
 from reasonrl.report import Run, line_figure, plot_specs, write_report
+from tests.conftest import fill
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -174,6 +176,17 @@ def test_one_run_without_config_defaults_to_run_dir(tmp_path):
     assert "Config differences" not in page and "solo: no config.yaml" in page and "No events.jsonl" in page
     for number in ["0.875", "6.250", "5.125"]:  # last ETTR, time lost, MTTR in the summary table
         assert number in page
+
+
+def test_a_report_onto_a_full_disk_is_one_exit_2_line(small_disk, tmp_path, capsys):
+    run = tmp_path / "solo"
+    _write_run(run, [{"step": 1, "critic/score/mean": 0.5}, {"step": 2, "critic/score/mean": 0.6}])
+    fill(small_disk)
+    code = main(["report", str(run), "--out", str(small_disk / "report")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert err[0].startswith("reasonrl report: error: ") and f"(no space left on device; the file system at {small_disk.resolve()})" in err[0]
+    assert not (small_disk / "report" / "report.html").exists()
 
 
 def test_malformed_events_and_config_name_the_line(tmp_path):

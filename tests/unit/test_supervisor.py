@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from reasonrl.config import load
 from reasonrl.metrics import read_jsonl
-from reasonrl.resilience.supervisor import RestartPolicy, summarize_run, supervise, write_summary
+from reasonrl.resilience.supervisor import RestartPolicy, summarize_run, supervise, train_supervised, write_summary
 
 # A stand-in for `reasonrl train`: resumes from its checkpoint (every 2 steps), logs one
 # metrics row per step and touches its heartbeat; on its first attempt (every attempt in
@@ -23,6 +24,21 @@ import faulthandler, json, os, signal, sys, time
 from pathlib import Path
 
 run_dir, mode, fail_at, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+
+def fill_disk():
+    # whole pages, then the slack of the event log's last page: blank lines, which readers skip
+    for name, chunk in (("filler", bytes(4096)), ("events.jsonl", b"\n")):
+        fd = os.open(run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            while True:
+                os.write(fd, chunk)
+        except OSError:
+            os.close(fd)
+
+
+if mode == "full":  # the disk fills at step FAIL_AT (then a crash) and after the last step: a restart finds it freed
+    (run_dir / "filler").unlink(missing_ok=True)
 counter = run_dir / "attempts"
 attempt = int(counter.read_text()) + 1 if counter.exists() else 1
 counter.write_text(str(attempt))
@@ -66,7 +82,9 @@ for step in range(resumed + 1, steps + 1):
         ckpt.write_text(str(step))
     if step != fail_at or (attempt > 1 and mode != "always"):
         continue
-    if mode in ("crash", "always", "relapse"):
+    if mode == "full":
+        fill_disk()
+    if mode in ("crash", "always", "relapse", "full"):
         raise RuntimeError(f"boom at step {step}")
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -78,6 +96,8 @@ for step in range(resumed + 1, steps + 1):
     if mode == "stop":
         (run_dir / "ready").write_text("1")
     stuck_in_generate()
+if mode == "full":
+    fill_disk()
 """
 
 FAST = RestartPolicy(max_restarts=3, backoff_s=0.01, backoff_max_s=0.01)
@@ -174,6 +194,30 @@ def test_sigterm_is_forwarded_and_is_not_a_failure(tmp_path):
     assert (result.returncode, result.restarts, result.incidents) == (128 + signal.SIGTERM, 0, [])
     assert (run_dir / "stopped_cleanly").exists()
     assert kinds(events)[-1] == "stopped" and events[-1]["signal"] == "SIGTERM"
+
+
+def test_a_full_disk_takes_the_supervisors_events_and_summary_to_stderr(small_disk, tmp_path, capfd):
+    """The disk fills at step 3 (the child crashes) and after the last step: the crash and done
+    events and summary.json cannot be written; each goes to stderr, the restart happens and
+    supervision ends with the child's exit code 0."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    run_dir = small_disk / "run"
+    cfg = load(None, [f"run.dir={run_dir}", "resilience.max_restarts=3", "resilience.backoff_s=0.01"])
+    code = train_supervised(cfg, [sys.executable, str(script), str(run_dir), "full", "3", "4"])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert err.count("Traceback") == 1 and "RuntimeError: boom at step 3" in err  # the child's own crash, no other
+    cannot = f"{run_dir / 'events.jsonl'}: cannot write (no space left on device; the file system at {small_disk})"
+    lines = [line for line in err.splitlines() if line.startswith(f"reasonrl supervisor: {cannot}; the event: ")]
+    shown = [json.loads(line.split("; the event: ", 1)[1]) for line in lines]
+    assert [e["kind"] for e in shown][0] == "crash" and shown[-1]["kind"] == "done" and shown[-1]["restarts"] == 1
+    assert shown[0]["step"] == 3 and "stderr_tail" not in shown[0]
+    assert "reasonrl supervisor: crash at step 3 (exit code 1); restart 1/3" in err
+    summary_line = next(line for line in err.splitlines() if "summary.json: cannot write" in line)
+    assert json.loads(summary_line.split("; the summary: ", 1)[1])["steps"] == 4
+    assert not (run_dir / "summary.json").exists() and json.loads(out.strip().splitlines()[-1])["restarts"] == 1
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
 def test_backoff_doubles_up_to_the_cap():

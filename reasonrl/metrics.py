@@ -224,6 +224,13 @@ def logging_step(step: int, every: int) -> bool:
     return every > 0 and step > 0 and step % every == 0
 
 
+STEP_STAGES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "publish", "testing")
+"""The controller's stages in data-flow order: their ``timing_s/<stage>`` are consecutive parts
+of a step (``testing``, a validation, follows the step), so they add up. Every other
+``timing_s/*`` overlaps them or each other (``trainer_idle`` is spent inside ``gen``,
+``rollout_gen``, ``rollout_idle`` and ``reward`` on the rollout side, ``weight_sync`` inside
+``publish``, ``group_queued`` and ``group_in_flight`` are a group's mean waits)."""
+
 CONSOLE_FIELDS = (
     ("reward", "critic/score/mean"),
     ("acc", "train/acc"),

@@ -66,6 +66,13 @@ def test_a_bad_recipe_or_override_raises_the_message_the_command_line_prints(tmp
     assert proc.returncode == 2 and proc.stderr.strip() == f"reasonrl train: error: {raised.value}"
 
 
+def test_import_reasonrl_is_light_and_loads_the_api_on_first_use():
+    script = ("import sys, reasonrl; heavy = ('torch', 'yaml', 'reasonrl.config', 'reasonrl.api'); "
+              "print(*(m in sys.modules for m in heavy)); reasonrl.Config.load('dapo'); print(*(m in sys.modules for m in heavy))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines() == ["False False False False", "False True True False"], proc.stderr
+
+
 def test_config_fields_are_typed_attributes_and_overrides_are_a_list():
     cfg = reasonrl.Config.load("dapo", ["train.lr=3e-4"])
     assert type(cfg) is reasonrl.Config and cfg.train.lr == 3e-4 and cfg.algo.eps_high == 0.28
@@ -74,6 +81,17 @@ def test_config_fields_are_typed_attributes_and_overrides_are_a_list():
         reasonrl.Config.load("dapo", "train.lr=3e-4")
     with pytest.raises(ValueError, match="supervise=True trains in a child process"):
         reasonrl.train(cfg, on_step=print, supervise=True)
+
+
+def test_train_with_supervise_runs_the_trainer_under_the_supervisor(model_dir, tmp_path):
+    cfg = reasonrl.Config.load("grpo", tiny_run(model_dir, tmp_path / "run", 1))
+    summary = reasonrl.train(cfg, supervise=True)
+    [row] = read_jsonl(tmp_path / "run/metrics.jsonl")
+    assert summary["critic/score/mean"] == round(row["critic/score/mean"], 4) and "val/acc" not in summary
+    events = read_jsonl(tmp_path / "run/events.jsonl")
+    [start] = [e for e in events if e["kind"] == "start"]
+    assert start["pid"] != os.getpid() and [e["kind"] for e in events][-1] == "done"  # the supervisor's last word
+    assert (tmp_path / "run/summary.json").is_file()
 
 
 def test_a_script_without_a_main_guard_trains_with_worker_processes_and_evaluates(model_dir, tmp_path):

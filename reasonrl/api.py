@@ -146,7 +146,7 @@ def evaluate(cfg: Config, model: str | Path | Sequence[str | Path] | None = None
     per model and data source the prompt count and each metric's ``{"mean", "stderr"}``."""
     from reasonrl.evaluation import default_samples_path, evaluate_models, results_json
 
-    out = Path(samples) if samples is not None else default_samples_path()
+    out = Path(samples) if samples else default_samples_path()
     evaluations = evaluate_models(cfg, _paths(model), _paths(data), out, step, list(sources), limit)
     return results_json(cfg, evaluations, out)
 

@@ -88,17 +88,17 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate models (--model, default model.path) on datasets (--data, default the held-out
     split): a table on stdout (--json: one JSON object), every sample to a JSONL file."""
-    from reasonrl.evaluation import default_samples_path, evaluate_models, format_table, results_json
+    from reasonrl.api import evaluate
+    from reasonrl.evaluation import format_table
 
     cfg = load_recipe(args.recipe, args.overrides)
-    out = Path(args.out) if args.out else default_samples_path()
-    evaluations = evaluate_models(cfg, args.model, args.data, out, args.step, args.source, args.limit)
-    results = results_json(cfg, evaluations, out)
+    results = evaluate(cfg, args.model, args.data, step=args.step, sources=args.source, limit=args.limit,
+                       samples=args.out)
     if args.json:
         print(json.dumps(results))
     else:
         print(format_table(results))
-        print(f"samples: {out}")
+        print(f"samples: {results['samples']}")
     return 0
 
 

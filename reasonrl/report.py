@@ -60,18 +60,16 @@ from reasonrl.config import LOGGING_KEYS, flatten
 from reasonrl.errors import InputError, InputNotFound
 from reasonrl.experiments.forecast import Forecast, evaluations, forecast, format_step
 from reasonrl.metrics import STEP_STAGES, read_jsonl
-from reasonrl.resilience.ettr import FAILURES, effective_time, step_seconds
+from reasonrl.resilience.ettr import INCIDENT_KINDS, effective_time, step_seconds
 
 _PASS_AT_K = re.compile(r"^val/pass@\d+$")
 
-MARKED_KINDS = FAILURES | {
-    "gave_up", "fatal", "recovered", "rollback", "nonfinite", "spike", "slowdown", "slowdown_recovered",
-    "checkpoint_failed", "reward_failed", "rollout_worker_died", "rollout_worker_hung", "fault_injected",
-}
-"""Event kinds drawn on the plots: the supervisor's failures, each followed by a restart
-(``crash``, ``killed``, ``hang``) unless it ``gave_up``, ``fatal`` stops, ``recovered``
-restarts, guard verdicts (``rollback``, ``nonfinite``, ``spike``), fail-slow workers,
-failed checkpoints and rewards, replaced rollout workers and injected faults."""
+MARKED_KINDS = INCIDENT_KINDS | {"fatal", "recovered", "slowdown_recovered", "fault_injected"}
+"""Event kinds drawn on the plots: the incidents (:data:`~reasonrl.resilience.ettr.INCIDENT_KINDS`:
+the supervisor's failures, each followed by a restart unless it ``gave_up``, guard verdicts,
+fail-slow workers and ranks, failed checkpoints, rewards and rollout workers), a ``fatal``
+stop, the ``recovered`` restarts and slowdowns, and injected faults; not the run's course
+(starts, checkpoints, ``rollout_started``, resizes)."""
 
 _DETAIL_CHARS = 200
 

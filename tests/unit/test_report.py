@@ -148,6 +148,14 @@ def test_plots_have_integer_steps_and_mark_events():
     assert line_figure(runs, specs["data_mix.png"]) is None and line_figure(runs, specs["curriculum.png"]) is None
 
 
+def test_the_plots_mark_incidents_and_recoveries_not_the_runs_course():
+    events = [{"time": 1.0, "kind": "rollout_started", "step": 0, "pids": [7]},
+              {"time": 2.0, "kind": "rollout_scaled", "step": 2, "workers": 2},
+              {"time": 3.0, "kind": "rollout_worker_gone", "step": 3, "worker": 1},
+              {"time": 4.0, "kind": "checkpoint", "step": 4}, {"time": 5.0, "kind": "slowdown_recovered", "step": 5}]
+    assert Run("r", [], events=events).marked_steps() == {3: ["rollout_worker_gone"], 5: ["slowdown_recovered"]}
+
+
 def test_the_stage_plot_stacks_the_stage_seconds_only_and_draws_waits_as_lines():
     """An async step of 3.5 s: its stages add up to it; the trainer's wait (inside gen), the
     rollout side's seconds and a group's mean in-flight time overlap them and are lines."""

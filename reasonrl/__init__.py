@@ -8,16 +8,16 @@ neither torch nor the config loader:
     results = reasonrl.evaluate(cfg, model=cfg.run.dir)             # reasonrl.api.evaluate
 """
 
-import importlib
-from importlib.metadata import PackageNotFoundError, version
-from types import ModuleType
+import importlib as _importlib
+from importlib.metadata import PackageNotFoundError as _NotInstalled, version as _version
+from types import ModuleType as _ModuleType
 
 from reasonrl import train as _train_package
 
 try:
-    __version__ = version("reasonrl")
+    __version__ = _version("reasonrl")
     """The installed distribution's version (pyproject.toml's ``version``)."""
-except PackageNotFoundError:  # imported from a source tree that was never installed
+except _NotInstalled:  # imported from a source tree that was never installed
     __version__ = "unknown (not installed)"
 
 _LAZY = {"Config": "reasonrl.config", "evaluate": "reasonrl.api"}
@@ -29,7 +29,7 @@ __all__ = ["Config", "__version__", "evaluate", "train"]
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'reasonrl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value
 
@@ -38,7 +38,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-class _TrainPackage(ModuleType):
+class _TrainPackage(_ModuleType):
     """``reasonrl.train`` is the package of the training code (reasonrl/train/: log-probs,
     updates, ranks), and calling it trains: the import system binds the package to that name
     whenever one of its modules is imported, so the API's ``train`` is the package's call."""

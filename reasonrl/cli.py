@@ -33,37 +33,16 @@ import textwrap
 from pathlib import Path
 
 from reasonrl import __version__
-from reasonrl.config import ConfigError, dump_text, keys_help, load
+from reasonrl.config import RECIPES, dump_text, keys_help, load, load_recipe, recipe_path
 from reasonrl.errors import EXIT_FATAL, FatalError, InputError, InputNotFound, error_line
 from reasonrl.preflight import preflight, same_run
 from reasonrl.resilience.rundir import SUPERVISOR_ENV
 from reasonrl.runtime.threads import sleeping_openmp_waits
 
-RECIPES = Path(__file__).resolve().parent / "recipes"  # shipped in the package (reasonrl/recipes/*.yaml)
-
-
-def _recipe(name: str | None) -> Path | None:
-    """A recipe path: a file at ``name``, else for a bare name like 'dapo' (or 'dapo.yaml') the
-    packaged reasonrl/recipes/dapo.yaml, from any working directory; neither is a ConfigError
-    that lists the recipe names."""
-    if name is None:
-        return None
-    path = Path(name)
-    packaged = RECIPES / (name if name.endswith(".yaml") else f"{name}.yaml")
-    if path.is_file():
-        return path
-    if path.name == name and packaged.is_file():  # a bare name, not a path
-        return packaged
-    if path.exists():
-        return path  # a directory: load() says it cannot read it
-    names = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
-    raise ConfigError(f"{name}: no such recipe file, and no packaged recipe of that name (recipes: {names})")
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     """Check the run (:mod:`reasonrl.preflight`), then train; by default in a supervised child
     process that is restarted after failures. ``--dry-run``: only the checks and the plan."""
-    recipe = _recipe(args.recipe)
+    recipe = recipe_path(args.recipe)
     cfg = load(recipe, args.overrides)
     if SUPERVISOR_ENV in os.environ:  # a trainer its supervisor started, after these checks
         return _train_here(cfg)
@@ -84,28 +63,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_here(cfg) -> int:
-    """Train in this process (following the supervisor, when there is one). Where roles run in
-    processes of this one, their forkserver starts first, so that its imports (torch,
-    ``transformers``, the workers: seconds) run beside this process's own."""
-    from reasonrl.runtime.process import start_forkserver
-    from reasonrl.runtime.scaling import scaled
-    from reasonrl.runtime.topology import plan
+    """Train in this process (:func:`reasonrl.api.train_in_process`) and print the run's summary."""
+    from reasonrl.api import train_in_process
 
-    cfg = scaled(cfg, cfg.run.dir)  # the counts reasonrl scale asked for: the plan is the controller's
-    topology = plan(cfg)
-    if topology.starts_processes():
-        start_forkserver(("reasonrl.build",))  # where every role's factory is, or what imports it
-    from reasonrl.controller import Controller
-    from reasonrl.resilience.rundir import follow_supervisor
-
-    follow_supervisor()
-    controller = Controller(cfg, topology=topology)
-    last = controller.run()
-    if controller.stopped_by is not None:
-        return 128 + controller.stopped_by
-    from reasonrl.metrics import validation_summary
-
-    print(json.dumps(validation_summary(last)))
+    summary, stopped_by = train_in_process(cfg)
+    if stopped_by is not None:
+        return 128 + stopped_by
+    print(json.dumps(summary))
     return 0
 
 
@@ -115,7 +79,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from reasonrl.warmstart import resolve_model_dir
     from reasonrl.warmstart.sft import ensure_warm_start
 
-    cfg = load(_recipe(args.recipe), args.overrides)
+    cfg = load_recipe(args.recipe, args.overrides)
     out = resolve_model_dir(cfg) if cfg.model.path == "embedded" else ensure_warm_start(cfg.sft, cfg.data.families)
     print(out)
     print((out / "sft_summary.json").read_text())
@@ -125,17 +89,17 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate models (--model, default model.path) on datasets (--data, default the held-out
     split): a table on stdout (--json: one JSON object), every sample to a JSONL file."""
-    from reasonrl.evaluation import default_samples_path, evaluate_models, format_table, results_json
+    from reasonrl.api import evaluate
+    from reasonrl.evaluation import format_table
 
-    cfg = load(_recipe(args.recipe), args.overrides)
-    out = Path(args.out) if args.out else default_samples_path()
-    evaluations = evaluate_models(cfg, args.model, args.data, out, args.step, args.source, args.limit)
-    results = results_json(cfg, evaluations, out)
+    cfg = load_recipe(args.recipe, args.overrides)
+    results = evaluate(cfg, args.model, args.data, step=args.step, sources=args.source, limit=args.limit,
+                       samples=args.out)
     if args.json:
         print(json.dumps(results))
     else:
         print(format_table(results))
-        print(f"samples: {out}")
+        print(f"samples: {results['samples']}")
     return 0
 
 
@@ -174,7 +138,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the resolved config as YAML, or with ``--keys`` every key with type, default and help."""
-    cfg = load(_recipe(args.recipe), args.overrides)
+    cfg = load_recipe(args.recipe, args.overrides)
     if not args.keys:
         print(dump_text(cfg), end="")
         return 0
@@ -187,17 +151,17 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def complete_summary(cfg) -> str:
     """What a finished run reports when it is started again: that it is complete, its last
-    held-out metrics with their forecast, and its ETTR figures."""
-    from reasonrl.metrics import read_jsonl, validation_summary
+    held-out metrics with their forecast (without a validation, its last training metrics),
+    and its ETTR figures."""
+    from reasonrl.api import complete_line, rows_summary
+    from reasonrl.metrics import console_fields
     from reasonrl.resilience.supervisor import summarize_run
 
     run_dir = Path(cfg.run.dir)
-    rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    val = next((validation_summary(r) for r in reversed(rows) if "val/acc" in r), {})
+    val = rows_summary(run_dir, console_fields(cfg.rollout.mode))
     figures = summarize_run(run_dir)
     summary = {"step": cfg.train.total_steps, **val, **{k: figures[k] for k in ("ettr", "time_lost_s", "incidents")}}
-    return (f"{run_dir}: the run is already complete ({cfg.train.total_steps} steps; raise train.total_steps to go on)\n"
-            + json.dumps(summary))
+    return complete_line(cfg) + "\n" + json.dumps(summary)
 
 
 def cmd_drill(args: argparse.Namespace) -> int:

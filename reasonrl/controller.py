@@ -23,7 +23,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -37,7 +37,7 @@ from reasonrl.errors import LimitError, WriteError
 from reasonrl.experiments.forecast import RunForecast
 from reasonrl.loggers import check_loggers, open_loggers
 from reasonrl.memory import PeakMemory
-from reasonrl.metrics import EventLog, MetricsSink, Sample, StepLog, logging_step, read_jsonl, timed
+from reasonrl.metrics import EventLog, MetricsSink, Sample, StepLog, console_fields, logging_step, read_jsonl, timed
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.faults import parse_faults
 from reasonrl.resilience.guards import NonFiniteGuard, StageWatchdog, run_detectors
@@ -326,14 +326,17 @@ class Controller:
         return metrics
 
     # ---------------------------------------------------------------- run
-    def run(self) -> dict[str, float]:
-        """Train to train.total_steps, resuming from the newest committed checkpoint.
+    def run(self, on_step: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, float]:
+        """Train to train.total_steps, resuming from the newest committed checkpoint; return
+        the last step's metrics with those of the last validation.
 
-        SIGINT or SIGTERM ends it after the current step with a checkpoint (``stopped_by``
-        says which; a second SIGINT interrupts at once). A file of the run that cannot be
-        written (a full disk) ends it with a WriteError (:meth:`stop_writing`). A run that
-        never applied an update (every step skipped or rolled back) is a LimitError and
-        exports nothing."""
+        ``on_step(step, metrics)`` is called with each row written to ``metrics.jsonl`` (a copy;
+        the step-0 validation's too), once the step's checkpoint, if one is due, is written: an
+        exception it raises ends the run there. SIGINT or SIGTERM ends it after the current step
+        with a checkpoint (``stopped_by`` says which; a second SIGINT interrupts at once). A file
+        of the run that cannot be written (a full disk) ends it with a WriteError
+        (:meth:`stop_writing`). A run that never applied an update (every step skipped or rolled
+        back) is a LimitError and exports nothing."""
         cfg = self.cfg
         try:
             self.step_count = self.checkpoints.resume()
@@ -342,7 +345,8 @@ class Controller:
             self.checkpoints.emit_resume(self.step_count)
             self.publish()  # the rollout side starts from the trainer's weights
             sink = MetricsSink(self.run_dir, cfg.train.total_steps, progress=cfg.run.progress,
-                               log_every=cfg.run.log_every, loggers=open_loggers(cfg, self.run_dir))
+                               log_every=cfg.run.log_every, loggers=open_loggers(cfg, self.run_dir),
+                               fields=console_fields(cfg.rollout.mode))
         except BaseException:
             self.close()
             raise
@@ -370,8 +374,11 @@ class Controller:
                 with self.stage(t := {}, "testing"):
                     last = self.validate()
                     last.update(forecasts.observe(0, last))
-                sink.log(0, {**last, **t, "time": time.time() - start})
+                row = {**last, **t, "time": time.time() - start}
+                sink.log(0, row)
                 self.keep_samples(0, sink, samples, [], self.val_samples)
+                if on_step is not None:
+                    on_step(0, row)
             while self.step_count < cfg.train.total_steps and not stop.signum:
                 self.rescale(scale.poll(), idle_rule)
                 stepping = True
@@ -399,6 +406,8 @@ class Controller:
                     saved = self.step_count
                     self.checkpoints.save(self.step_count, final=self.step_count == cfg.train.total_steps)
                     last_checkpoint = time.time()
+                if on_step is not None:
+                    on_step(self.step_count, dict(metrics))
             if self.step_count >= cfg.train.total_steps:
                 self.events.emit("rollout_leftover", self.step_count, **self.source.leftover())
         except WriteError as err:

@@ -56,7 +56,7 @@ def _dumps(obj: dict[str, Any]) -> str:
 
 def validation_summary(values: dict[str, Any]) -> dict[str, Any]:
     """The held-out metrics (``val/*``) and the forecast (``forecast/*``) of ``values``, each
-    rounded to 4 decimals, non-finite ones as strings: what a run prints at its end."""
+    rounded to 4 decimals, non-finite ones as strings: what a run that validated prints at its end."""
     return _json_safe({k: round(v, 4) for k, v in values.items() if k.startswith(("val/", "forecast/"))})
 
 
@@ -248,6 +248,13 @@ def logging_step(step: int, every: int) -> bool:
     return every > 0 and step > 0 and step % every == 0
 
 
+STEP_STAGES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "publish", "testing")
+"""The controller's stages in data-flow order: their ``timing_s/<stage>`` are consecutive parts
+of a step (``testing``, a validation, follows the step), so they add up. Every other
+``timing_s/*`` overlaps them or each other (``trainer_idle`` is spent inside ``gen``,
+``rollout_gen``, ``rollout_idle`` and ``reward`` on the rollout side, ``weight_sync`` inside
+``publish``, ``group_queued`` and ``group_in_flight`` are a group's mean waits)."""
+
 CONSOLE_FIELDS = (
     ("reward", "critic/score/mean"),
     ("acc", "train/acc"),
@@ -259,6 +266,34 @@ CONSOLE_FIELDS = (
     ("tok/s", "perf/throughput"),
 )
 """(label, metric) of the console line, in order."""
+
+ASYNC_CONSOLE_FIELDS = (
+    ("stale", "staleness/mean"),
+    ("queue", "rollout/queue_length"),
+    ("trainer_idle_s", "timing_s/trainer_idle"),
+    ("rollout_idle_s", "timing_s/rollout_idle"),
+)
+"""(label, metric) added to the console line in ``async`` and ``lockstep`` modes: the mean
+staleness of the batch's groups, the groups collected and not yet trained, and the seconds the
+trainer waited for the batch and the rollout side waited for work."""
+
+
+def console_fields(mode: str) -> tuple[tuple[str, str], ...]:
+    """The console line's (label, metric) for ``rollout.mode``: :data:`CONSOLE_FIELDS`, then
+    :data:`ASYNC_CONSOLE_FIELDS` in ``async`` and ``lockstep`` modes (in ``sync`` mode the
+    staleness is 0 and nothing waits in a queue)."""
+    return CONSOLE_FIELDS + ASYNC_CONSOLE_FIELDS if mode in ("async", "lockstep") else CONSOLE_FIELDS
+
+
+def final_summary(values: dict[str, Any], fields: Sequence[tuple[str, str]] = CONSOLE_FIELDS) -> dict[str, Any]:
+    """What a run prints at its end (and ``reasonrl.train`` returns): with a validation among
+    ``values``, its :func:`validation_summary`; without one, the training metrics of the
+    console line (``fields``, default :data:`CONSOLE_FIELDS`) that ``values`` has, each rounded
+    to 4 decimals under its metric name, non-finite ones as strings."""
+    if any(k.startswith("val/") for k in values):
+        return validation_summary(values)
+    shown = [key for _, key in fields if values.get(key) is not None]
+    return _json_safe({key: round(values[key], 4) for key in shown})
 
 
 def _short(value: int | float) -> str:
@@ -285,11 +320,12 @@ def forecast_text(values: dict[str, int | float]) -> list[str]:
     return shown
 
 
-def console_line(step: int, total_steps: int, values: dict[str, int | float]) -> str:
+def console_line(step: int, total_steps: int, values: dict[str, int | float],
+                 fields: Sequence[tuple[str, str]] = CONSOLE_FIELDS) -> str:
     """``step 10/150 reward=0.4125 acc=0.375 val=0.55 plateau=0.846 [0.609, 1.000] ...``: the
-    main metrics of a step (those present), the forecast after ``val``."""
+    metrics of ``fields`` (:func:`console_fields`) that the step has, the forecast after ``val``."""
     shown = []
-    for label, key in CONSOLE_FIELDS:
+    for label, key in fields:
         if values.get(key) is not None:
             shown.append(f"{label}={_short(values[key])}")
         if key == "val/acc":
@@ -302,6 +338,7 @@ class MetricsSink:
     ``log_every`` steps a console line of the main metrics with the latest validation and its
     forecast (beside the bar, or on stderr).
 
+    ``fields`` are the console line's (label, metric) pairs (:func:`console_fields`).
     ``step`` is the number of completed training steps (the first step logs 1). Opening a
     run directory whose ``metrics.jsonl`` ends in a partial line (a kill mid-write) drops
     that line. On resume call ``truncate_after(step)`` with the checkpoint's step so rows
@@ -317,8 +354,10 @@ class MetricsSink:
         progress: bool = True,
         log_every: int = 0,
         loggers: Sequence[Logger] = (),
+        fields: Sequence[tuple[str, str]] = CONSOLE_FIELDS,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.fields = tuple(fields)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rows = StepLog(self.run_dir / "metrics.jsonl")
         self.path = self.rows.path
@@ -343,7 +382,7 @@ class MetricsSink:
             self._update_bar(step, values)
         if logging_step(step, self.log_every):
             self._print(console_line(step, self.total_steps,
-                                     {**values, "val/acc": self._latest_val, **self._latest_forecast}))
+                                     {**values, "val/acc": self._latest_val, **self._latest_forecast}, self.fields))
 
     def log_samples(self, step: int, samples: Sequence[Sample], tag: str = "samples") -> None:
         """Send generated samples of ``step`` to the loggers, under ``tag``."""

@@ -31,8 +31,9 @@ their absence is said in the page. ``report.html`` holds, in this order:
 - each run's ``config.yaml``, folded.
 
 Every line plot puts all runs on the same axes (x = step, integer ticks; one colour per run),
-the stage timings are a bar chart per run, and a plot whose metrics appear in no run is not
-written. Validation metrics exist only on
+the stage timings are a chart per run (:func:`timing_figure`: the stages' seconds stacked, the
+waits and in-flight seconds as lines, the legend beside the axes), and a plot whose metrics
+appear in no run is not written. Validation metrics exist only on
 evaluation steps, so each series is drawn through the steps that have it. On the line plots
 the incidents of a run (:data:`MARKED_KINDS`) are dashed vertical lines in its colour at
 their step, with their kinds written beside the line. Every text from the run directories
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import yaml
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -57,19 +59,17 @@ from matplotlib.ticker import MaxNLocator
 from reasonrl.config import LOGGING_KEYS, flatten
 from reasonrl.errors import InputError, InputNotFound, WriteError
 from reasonrl.experiments.forecast import Forecast, evaluations, forecast, format_step
-from reasonrl.metrics import read_jsonl, write_atomic
-from reasonrl.resilience.ettr import FAILURES, effective_time, step_seconds
+from reasonrl.metrics import STEP_STAGES, read_jsonl, write_atomic
+from reasonrl.resilience.ettr import INCIDENT_KINDS, effective_time, step_seconds
 
 _PASS_AT_K = re.compile(r"^val/pass@\d+$")
 
-MARKED_KINDS = FAILURES | {
-    "gave_up", "fatal", "recovered", "rollback", "nonfinite", "spike", "slowdown", "slowdown_recovered",
-    "checkpoint_failed", "reward_failed", "rollout_worker_died", "rollout_worker_hung", "fault_injected",
-}
-"""Event kinds drawn on the plots: the supervisor's failures, each followed by a restart
-(``crash``, ``killed``, ``hang``) unless it ``gave_up``, ``fatal`` stops, ``recovered``
-restarts, guard verdicts (``rollback``, ``nonfinite``, ``spike``), fail-slow workers,
-failed checkpoints and rewards, replaced rollout workers and injected faults."""
+MARKED_KINDS = INCIDENT_KINDS | {"fatal", "recovered", "slowdown_recovered", "fault_injected"}
+"""Event kinds drawn on the plots: the incidents (:data:`~reasonrl.resilience.ettr.INCIDENT_KINDS`:
+the supervisor's failures, each followed by a restart unless it ``gave_up``, guard verdicts,
+fail-slow workers and ranks, failed checkpoints, rewards and rollout workers), a ``fatal``
+stop, the ``recovered`` restarts and slowdowns, and injected faults; not the run's course
+(starts, checkpoints, ``rollout_started``, resizes)."""
 
 _DETAIL_CHARS = 200
 
@@ -313,11 +313,12 @@ def line_figure(runs: list[Run], panels: list[Panel]) -> Figure | None:
     return fig
 
 
-def _fit(fig: Figure, rows: int, cols: int) -> None:
+def _fit(fig: Figure, rows: int, cols: int, right: float = 0.25) -> None:
     """Margins and gaps in inches that hold the tick labels, axis labels and titles of a grid of
-    axes (``tight_layout`` measures them instead, at the cost of drawing the figure once more)."""
+    axes, and ``right`` inches on the right (a legend outside the axes); ``tight_layout``
+    measures them instead, at the cost of drawing the figure once more."""
     width, height = fig.get_size_inches()
-    left, right, bottom, top, gap = 0.9, 0.25, 0.6, 0.45, 1.0
+    left, bottom, top, gap = 0.9, 0.6, 0.45, 1.0
     axes_w = (width - left - right - (cols - 1) * gap) / cols
     axes_h = (height - bottom - top - (rows - 1) * gap) / rows
     fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
@@ -334,30 +335,62 @@ def _mark_events(axes: list[Axes], run: Run, colour: str) -> None:
                          fontsize=7, color=colour, ha="right", va="top")
 
 
-def timing_figure(runs: list[Run]) -> Figure | None:
-    """Stacked bars of seconds per stage (every ``timing_s/*`` but ``timing_s/step``), one
-    subplot per run; None when no run has timings."""
-    timed_runs = []
-    for run in runs:
-        stages = sorted(k for k in run.keys() if k.startswith("timing_s/") and k != "timing_s/step")
-        rows = [row for row in run.rows if any(row.get(k) is not None for k in stages)]
-        if rows:
-            timed_runs.append((run, stages, rows))
-    if not timed_runs:
+@dataclass(frozen=True)
+class StageSeries:
+    """What the stage-time plot draws for one run."""
+
+    steps: list[int]
+    """The steps of the rows that have any ``timing_s/*`` but ``timing_s/step``."""
+    stacked: dict[str, list[float]]
+    """{``timing_s/<stage>``: its seconds at each of ``steps`` (0 where a row lacks it)} of the
+    controller's stages (:data:`~reasonrl.metrics.STEP_STAGES`) in data-flow order: stacked bars,
+    whose height is the step's time."""
+    lines: dict[str, tuple[list[int], list[float]]]
+    """{``timing_s/<name>``: (the steps that have it, its seconds)} of every other timing: idle,
+    in-flight, queued and rollout-side seconds, which overlap the stages or each other (stacked,
+    they would count time twice), drawn as lines."""
+
+
+def stage_series(run: Run) -> StageSeries | None:
+    """The :class:`StageSeries` of ``run``; None when it has no timings but ``timing_s/step``."""
+    keys = run.keys()
+    timed = {k for k in keys if k.startswith("timing_s/") and k != "timing_s/step"}
+    rows = [row for row in run.rows if any(row.get(k) is not None for k in timed)]
+    if not rows:
         return None
-    fig = Figure(figsize=(8, 1 + 3.5 * len(timed_runs)))
-    axes = fig.subplots(len(timed_runs), 1, squeeze=False)[:, 0]
-    for ax, (run, stages, rows) in zip(axes, timed_runs):
-        steps = [row["step"] for row in rows]
-        bottom = [0.0] * len(rows)
-        for key in stages:
-            seconds = [row.get(key) or 0.0 for row in rows]
-            ax.bar(steps, seconds, bottom=bottom, width=0.8, label=key.removeprefix("timing_s/"))
-            bottom = [b + s for b, s in zip(bottom, seconds)]
-        ax.set(title=f"time per stage: {run.label}", xlabel="step", ylabel="seconds")
-        ax.legend(fontsize="small", loc="upper left")
+    stages = [f"timing_s/{stage}" for stage in STEP_STAGES if f"timing_s/{stage}" in timed]
+    return StageSeries([row["step"] for row in rows], {k: [row.get(k) or 0.0 for row in rows] for k in stages},
+                       {k: run.series(k) for k in sorted(timed - set(stages))})
+
+
+_LEGEND_IN = 2.4
+"""Inches to the right of the stage-time axes that hold their legend."""
+
+
+def timing_figure(runs: list[Run]) -> Figure | None:
+    """One subplot per run with timings (:func:`stage_series`): the stages' seconds as stacked
+    bars (tab10 colours), the other timings as dashed lines with markers (Dark2 colours, none
+    of tab10's), each series in a colour of its own, and the legend outside the axes, on their
+    right; None when no run has timings."""
+    series = [(run, s) for run in runs if (s := stage_series(run)) is not None]
+    if not series:
+        return None
+    fig = Figure(figsize=(8 + _LEGEND_IN, 1 + 3.5 * len(series)))
+    axes = fig.subplots(len(series), 1, squeeze=False)[:, 0]
+    bars, marks = matplotlib.colormaps["tab10"].colors, matplotlib.colormaps["Dark2"].colors
+    for ax, (run, s) in zip(axes, series):
+        handles, bottom = [], [0.0] * len(s.steps)
+        for index, (key, seconds) in enumerate(s.stacked.items()):
+            handles.append(ax.bar(s.steps, seconds, bottom=bottom, width=0.8, color=bars[index % len(bars)],
+                                  label=key.removeprefix("timing_s/")))
+            bottom = [b + x for b, x in zip(bottom, seconds)]
+        for index, (key, (steps, seconds)) in enumerate(s.lines.items()):
+            handles += ax.plot(steps, seconds, color=marks[index % len(marks)], linestyle="--", marker="o",
+                               markersize=3, label=f"{key.removeprefix('timing_s/')} (line)")
+        ax.set(title=f"time per stage (bars, stacked) and waits (lines): {run.label}", xlabel="step", ylabel="seconds")
+        ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _fit(fig, len(timed_runs), 1)
+    _fit(fig, len(series), 1, right=_LEGEND_IN)
     return fig
 
 

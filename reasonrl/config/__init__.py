@@ -1,6 +1,7 @@
 """One frozen dataclass tree for a run, loaded from a YAML recipe plus dotted overrides.
 
     cfg = load("recipes/dapo.yaml", ["train.total_steps=50", "algo.eps_high=0.28"])
+    cfg = Config.load("dapo", ["train.total_steps=50"])   # a file or a packaged recipe name (load_recipe)
     dump(cfg, "runs/demo/config.yaml")          # load() reads it back to an equal Config
     config_hash(cfg)                            # refuses resuming with an incompatible config
 
@@ -22,6 +23,7 @@ and ``rules`` (``validate``). The names below are re-exported here, so callers i
 
 from reasonrl.config.loader import (
     LOGGING_KEYS,
+    RECIPES,
     KeyHelp,
     config_hash,
     dump,
@@ -30,6 +32,8 @@ from reasonrl.config.loader import (
     flatten,
     keys_help,
     load,
+    load_recipe,
+    recipe_path,
     to_dict,
 )
 from reasonrl.config.rules import validate
@@ -54,7 +58,7 @@ from reasonrl.config.schema import (
 
 __all__ = [
     "AlgoConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EnvConfig", "EvalConfig", "KeyHelp",
-    "LOGGING_KEYS", "ModelConfig", "ResilienceConfig", "ResumeConfig", "RewardConfig", "RolloutConfig", "RunConfig",
+    "LOGGING_KEYS", "ModelConfig", "RECIPES", "ResilienceConfig", "ResumeConfig", "RewardConfig", "RolloutConfig", "RunConfig",
     "RuntimeConfig", "SFTConfig", "TrainConfig", "config_hash", "dump", "dump_text", "field_docs", "flatten",
-    "keys_help", "load", "to_dict", "validate",
+    "keys_help", "load", "load_recipe", "recipe_path", "to_dict", "validate",
 ]

@@ -24,6 +24,42 @@ from reasonrl.config.schema import Config, ConfigError
 from reasonrl.errors import WriteError
 
 
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+"""The packaged recipes (reasonrl/recipes/*.yaml): ``dapo`` names reasonrl/recipes/dapo.yaml."""
+
+
+def recipe_path(name: str | Path | None) -> Path | None:
+    """A recipe path: a file at ``name``, else for a bare name like 'dapo' (or 'dapo.yaml') the
+    packaged reasonrl/recipes/dapo.yaml, from any working directory; neither is a ConfigError
+    that lists the recipe names. None stays None (the defaults)."""
+    if name is None:
+        return None
+    name = str(name)
+    path = Path(name)
+    packaged = RECIPES / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if path.is_file():
+        return path
+    if path.name == name and packaged.is_file():  # a bare name, not a path
+        return packaged
+    if path.exists():
+        return path  # a directory: load() says it cannot read it
+    names = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
+    raise ConfigError(f"{name}: no such recipe file, and no packaged recipe of that name (recipes: {names})")
+
+
+def load_recipe(recipe: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """The Config of a recipe file or packaged recipe name (:func:`recipe_path`; None: the
+    defaults) plus ``dotted.key=value`` overrides: what ``reasonrl train RECIPE k=v ...`` trains,
+    checked by the same rules and refused with the same ConfigError messages (:func:`load`).
+    Also ``Config.load``."""
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
+        raise TypeError(f"overrides: expected a list of 'dotted.key=value' strings, got {overrides!r}")
+    return load(recipe_path(recipe), list(overrides))
+
+
+Config.load = staticmethod(load_recipe)  # the schema may not import the loader, so the loader gives Config its load
+
+
 def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
     """The validated Config of a YAML recipe (None: defaults only) plus ``dotted.key=value``
     overrides, applied in order after the recipe.

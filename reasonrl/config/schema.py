@@ -5,7 +5,7 @@ is declared (the docstring under it is its help), and ConfigError. Loading and d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Callable, ClassVar, Literal, Optional
 
 from reasonrl.errors import InputError
 
@@ -659,6 +659,14 @@ class RuntimeConfig:
 
 @dataclass(frozen=True)
 class Config:
+    """A run's whole config: one typed, documented attribute per section (``cfg.train.lr``).
+
+    ``Config.load("dapo", ["train.lr=3e-4"])`` reads a recipe file or packaged recipe name plus
+    dotted overrides, with the checks and messages of ``reasonrl train``
+    (:func:`reasonrl.config.loader.load_recipe`, which sets ``load`` on this class: the schema
+    does not import the loader)."""
+
+    load: ClassVar[Callable[..., Config]]
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

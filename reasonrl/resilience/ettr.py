@@ -39,9 +39,23 @@ from typing import Any
 FAILURES = frozenset({"crash", "killed", "hang"})
 """Event kinds of a trainer that the supervisor saw fail (and restarts)."""
 
-LIFECYCLE_KINDS = frozenset({"start", "resume", "recovered", "done", "stopped", "checkpoint", "slowdown_recovered",
-                             "rollout_leftover", "rollout_started", "rollout_worker_joined", "fatal"})
-"""Event kinds that record the run's course rather than an incident."""
+INCIDENT_KINDS = FAILURES | frozenset({
+    "gave_up", "rollback", "nonfinite", "spike", "slowdown", "straggler", "checkpoint_failed", "checkpoint_skipped",
+    "reward_failed", "env_failed", "worker_restarted", "rollout_worker_died", "rollout_worker_hung",
+    "rollout_worker_gone", "rollout_worker_quarantined", "rollout_groups_failed", "rollout_scale_failed", "run_failed",
+    "write_failed",
+})
+"""Event kinds of a failure: the run's incidents (what ``incidents`` counts)."""
+
+LIFECYCLE_KINDS = frozenset({
+    "start", "resume", "recovered", "done", "stopped", "checkpoint", "slowdown_recovered", "straggler_recovered",
+    "rollout_leftover", "rollout_started", "rollout_worker_joined", "rollout_worker_left", "rollout_scaled",
+    "reward_scaled", "scale_deferred", "data_changed", "fault_injected", "fatal",
+    "sweep_start", "sweep_done", "sweep_stopped", "run_start", "run_done",
+})
+"""Event kinds that record the run's (or a sweep's) course rather than a failure: starts, stops,
+checkpoints, recoveries, resizes, a drill's injections (the failure an injection causes is an
+event of its own) and a fatal error's end (the run stops; nothing is restarted)."""
 
 ENDS = frozenset({"done", "stopped", "gave_up", "fatal"})
 """Event kinds that end an invocation of a run (the supervisor's last event)."""
@@ -56,7 +70,7 @@ def effective_time(events: list[dict[str, Any]], step_s: dict[int, float]) -> di
     ``step_s`` = {step: timing_s/step}: ``ettr``, ``productive_s``, ``lost_s``, ``mttr_s``,
     ``steps_lost`` (steps redone after failures, from the ``recovered`` events),
     ``steps_wasted`` (skipped or undone updates), ``steps`` and ``incidents`` (event counts by
-    kind, lifecycle kinds left out). ETTR is 1.0 before any time is counted."""
+    kind, of the :data:`INCIDENT_KINDS` only). ETTR is 1.0 before any time is counted."""
     wasted: set[int] = set()
     lost = in_steps = 0.0
     for event in events:
@@ -83,7 +97,7 @@ def effective_time(events: list[dict[str, Any]], step_s: dict[int, float]) -> di
         "steps_lost": sum(e.get("steps_lost", 0) for e in recoveries),
         "steps_wasted": len(wasted & set(step_s)),
         "steps": len(step_s),
-        "incidents": dict(collections.Counter(e["kind"] for e in events if e["kind"] not in LIFECYCLE_KINDS)),
+        "incidents": dict(collections.Counter(e["kind"] for e in events if e["kind"] in INCIDENT_KINDS)),
     }
 
 

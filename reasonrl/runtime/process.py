@@ -8,7 +8,8 @@
 
 Each worker runs in a child process (``forkserver`` start, so a child never inherits the
 parent's threads; ``spawn`` where there is no forkserver) built by ``factory(*args)``, one
-entry of ``args_per_worker`` each. Calls
+entry of ``args_per_worker`` each; it does not import the parent's main module (a script
+needs no ``if __name__ == "__main__":`` guard). Calls
 run one after another, in the order submitted, in the child's main thread; a method named in
 ``concurrent`` runs at once in the child's reader thread instead, beside a running call (it
 must be thread-safe: e.g. leaving new weights for the running call to pick up). Arguments
@@ -36,7 +37,9 @@ import sys
 import threading
 import traceback
 from concurrent.futures import Future
-from typing import Any, Callable
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any, Callable, Iterator
 
 from reasonrl.runtime.group import WorkerDied, WorkerTimeout, gather
 
@@ -162,6 +165,26 @@ def _child_main(conn, factory: Callable[..., Any], args: tuple, concurrent: froz
         close()
 
 
+_MAIN_SWAP = threading.Lock()
+
+
+@contextmanager
+def _main_module_left_out() -> Iterator[None]:
+    """While a child starts, ``__main__`` is a bare module, so the child does not run the
+    caller's main module again. (A spawn or forkserver child imports the parent's script, or
+    ``python -m`` module, as ``__mp_main__`` before it unpickles its target; a worker is built
+    from reasonrl's factories and arguments, never from the script, and a script that calls
+    ``reasonrl.train`` without an ``if __name__ == "__main__":`` guard would otherwise start
+    training again in every worker, or fail there.)"""
+    with _MAIN_SWAP:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main
+
+
 class _Child:
     """One child process, its pipe and the futures of its unanswered calls."""
 
@@ -169,7 +192,8 @@ class _Child:
         self.name = name
         self.conn, child_conn = ctx.Pipe()
         self.proc = ctx.Process(target=_child_main, args=(child_conn, factory, args, concurrent), name=name, daemon=True)
-        self.proc.start()
+        with _main_module_left_out():
+            self.proc.start()
         child_conn.close()
         self.lock = threading.Lock()  # one message on the pipe at a time
         self.state = threading.Lock()  # pending and dead change together

@@ -43,17 +43,24 @@ def overrides(model_dir, run_dir, steps, *extra):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_async_and_lockstep_at_staleness_0_are_the_synchronous_run_bit_for_bit(model_dir, tmp_path, workers):
-    runs = {}
+def test_async_and_lockstep_at_staleness_0_are_the_synchronous_run_bit_for_bit(model_dir, tmp_path, workers, capsys):
+    runs, logged = {}, {}
     modes = ("sync", "async", "lockstep") + (("lockstep-again", "sync-colocated") if workers > 1 else ())
     for mode in modes:
         run_dir = tmp_path / mode
         colocate = "policy" if mode.endswith("colocated") else "auto"  # threads over the policy's own module
+        capsys.readouterr()
         Controller(load(None, overrides(model_dir, run_dir, 6, f"rollout.mode={mode.split('-')[0]}", "rollout.max_staleness=0",
-                                        f"runtime.roles.rollout.count={workers}",
+                                        f"runtime.roles.rollout.count={workers}", "run.log_every=3",
                                         f"runtime.roles.rollout.colocate={colocate}"))).run()
         runs[mode] = (load_file(run_dir / "final/model.safetensors"), [values(r) for r in read_jsonl(run_dir / "metrics.jsonl")],
                       read_jsonl(run_dir / "prompts.jsonl"))
+        logged[mode] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    # The log line of steps 3 and 6: in async and lockstep modes with the staleness, the queue and the idle times.
+    waits = ("stale=0 ", "queue=", "trainer_idle_s=", "rollout_idle_s=")
+    assert [line.split()[1] for line in logged["async"]] == ["3/6", "6/6"]
+    assert all(all(w in line for w in waits) for mode in ("async", "lockstep") for line in logged[mode]), logged
+    assert logged["sync"] and not any(w in line for w in waits for line in logged["sync"]), logged["sync"]
     weights, rows, prompts = runs["sync"]
     assert len(rows) == 7 and "val/acc" in rows[3] and rows[1]["batch/aborted_samples"] + rows[1]["batch/dropped_all_wrong"] > 0
     assert all(rows[s][f"rollout/worker{w}/groups"] > 0 for s in range(1, 7) for w in range(workers))  # every worker served

@@ -15,6 +15,7 @@ import yaml
 
 from reasonrl.cli import RECIPES, main
 from reasonrl.config import Config, keys_help, load
+from reasonrl.metrics import CONSOLE_FIELDS, read_jsonl
 from tests.conftest import tiny_run
 
 
@@ -179,6 +180,17 @@ def test_a_complete_run_started_again_says_so_prints_its_summary_and_exits_0(cap
     assert code == 0 and out.strip() == str(tmp_path / "hf") and (tmp_path / "hf" / "model.safetensors").is_file(), err
     code, _, err = _main(capsys, "export", str(run), str(tmp_path / "hf"), "--step", "5", "--force")
     assert code == 2 and "no checkpoint for step 5" in err and "valid checkpoints: step 2" in err
+
+
+def test_a_run_without_validation_ends_by_printing_its_last_training_metrics(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    code, out, err = _main(capsys, "train", "grpo", "--no-supervisor", *tiny_run(model_dir, run, 1))  # eval.every_steps=0
+    assert code == 0, err
+    [row] = read_jsonl(run / "metrics.jsonl")
+    shown = {key: round(row[key], 4) for _, key in CONSOLE_FIELDS if key in row}
+    assert json.loads(out.strip().splitlines()[-1]) == shown and "critic/score/mean" in shown and "val/acc" not in shown
+    code, out, _ = _main(capsys, "train", "grpo", *tiny_run(model_dir, run, 1))  # complete: the same metrics again
+    assert code == 0 and json.loads(out.strip().splitlines()[-1]).items() >= shown.items()
 
 
 def test_the_console_script_reports_usage_errors_with_exit_2(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from reasonrl import cli
-from reasonrl.config import ConfigError, keys_help, load
+from reasonrl.config import ConfigError, keys_help, load_recipe
 from reasonrl.config import loader as config_loader
 from reasonrl.errors import InputError
 
@@ -80,9 +80,9 @@ def check_command(command: Command) -> str | None:
     overrides = list(getattr(args, "overrides", []) or [])
     try:
         if args.command in ("train", "eval", "config", "sft"):
-            cfg = load(cli._recipe(args.recipe), overrides)
+            cfg = load_recipe(args.recipe, overrides)
         elif args.command in ("demo", "drill"):
-            load(cli.RECIPES / "dapo.yaml", overrides)
+            load_recipe("dapo", overrides)
     except ConfigError as err:
         return f"{command.where}: `reasonrl {' '.join(command.argv)}`: {err}"
     if args.command != "train":

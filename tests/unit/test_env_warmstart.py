@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from reasonrl.config import EnvConfig, load
+from reasonrl.config import EnvConfig, load, load_recipe
 from reasonrl import warmstart
 from reasonrl.models.loading import load_tokenizer
 from reasonrl.data.tokenizer import build_char_tokenizer
@@ -192,9 +192,7 @@ def test_the_recipes_warm_start_succeeds_within_the_band(recipe):
     """The recipe's warm start, the one its runs use (in the cache: built once per machine, grid
     ~20 s, tool_arith ~2 min on 2 busy cores), stopped inside its band; measured again on
     other held-out seeds the saved model is about as good."""
-    from reasonrl.cli import _recipe
-
-    cfg = load(_recipe(recipe))
+    cfg = load_recipe(recipe)
     spec = W.SPECS[cfg.env.name]
     out = W.ensure_env_warm_start(cfg, log=lambda line: None)
     summary = json.loads((out / "sft_summary.json").read_text())

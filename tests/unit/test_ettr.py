@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
-from reasonrl.resilience.ettr import effective_time, step_seconds
+import reasonrl
+from reasonrl.resilience.ettr import INCIDENT_KINDS, LIFECYCLE_KINDS, effective_time, step_seconds
 
 
 def ev(time, kind, step, **fields):
@@ -97,3 +101,35 @@ def test_a_replaced_rollout_worker_loses_its_seconds_inside_the_step():
     # productive 8 - 0.5 - 1.5 = 6, lost 2: 6 / 8
     assert out["ettr"] == 0.75 and out["lost_s"] == 2.0 and out["productive_s"] == 6.0
     assert out["incidents"] == {"rollout_worker_died": 1, "rollout_worker_hung": 1}  # rollout_started is no incident
+
+
+def test_incidents_are_the_failures_only():
+    events = [ev(0.0, "start", 0, resumed=False), ev(0.1, "resume", 0, from_step=0), ev(0.5, "rollout_started", 0, pids=[7]),
+              ev(1.0, "rollout_scaled", 1, workers=2), ev(1.1, "rollout_worker_joined", 1, worker=1),
+              ev(1.2, "fault_injected", 2, fault="sigkill@2"), ev(1.5, "checkpoint", 2), ev(1.6, "rollout_worker_left", 3),
+              ev(2.0, "spike", 3, metric="actor/grad_norm"), ev(2.5, "reward_failed", 4, samples=1),
+              ev(3.0, "slowdown", 5, stage="gen"), ev(3.5, "slowdown_recovered", 6, stage="gen"),
+              ev(4.0, "rollout_leftover", 6, groups=[])]
+    out = effective_time(events, {s: 1.0 for s in range(1, 7)})
+    assert out["incidents"] == {"spike": 1, "reward_failed": 1, "slowdown": 1}
+
+
+def _emitted_kinds() -> set[str]:
+    """Every event kind written as a string literal in the first argument of an ``emit`` or
+    ``_emit`` call in the package (``"a" if x else "b"`` gives both)."""
+    kinds = set()
+    for path in Path(reasonrl.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            func = getattr(node, "func", None)
+            name = getattr(func, "attr", getattr(func, "id", ""))
+            if isinstance(node, ast.Call) and name in ("emit", "_emit") and node.args:
+                kinds |= {c.value for c in ast.walk(node.args[0]) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return kinds
+
+
+def test_every_event_kind_the_code_writes_is_either_a_failure_or_part_of_the_runs_course():
+    kinds = _emitted_kinds()
+    assert {"rollout_started", "rollout_scaled", "hang", "checkpoint_failed"} <= kinds  # the scan finds them
+    assert not INCIDENT_KINDS & LIFECYCLE_KINDS
+    assert kinds - INCIDENT_KINDS - LIFECYCLE_KINDS == set()
+    assert "rollout_started" in LIFECYCLE_KINDS and "fault_injected" in LIFECYCLE_KINDS

@@ -1,8 +1,10 @@
 """metrics.jsonl sink (with its console line and TensorBoard logger), events log, timed() stages and the
 tolerant JSONL reader."""
 
+import ast
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +12,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from reasonrl.loggers import TensorBoardLogger
-from reasonrl.metrics import EventLog, MetricsSink, Sample, console_line, read_jsonl, timed
+import reasonrl
+from reasonrl.metrics import (STEP_STAGES, EventLog, MetricsSink, Sample, console_fields, console_line, final_summary,
+                              read_jsonl, timed)
 
 
 def test_rows_written_and_read_back(tmp_path):
@@ -105,6 +109,37 @@ def test_console_line_every_log_every_steps_with_the_latest_validation(tmp_path,
         "step 2/4 reward=0.2 acc=0.5 val=0.125 pg_loss=-0.0123 grad_norm=0.75 kl=0.00125 len=23.5 tok/s=12346",
         "step 4/4 reward=0.4 acc=0.5 val=0.125 pg_loss=-0.0123 grad_norm=0.75 kl=0.00125 len=23.5 tok/s=12346",
     ]
+
+
+ASYNC = {"staleness/mean": 0.5, "staleness/max": 1.0, "rollout/queue_length": 3.0, "timing_s/trainer_idle": 0.25,
+         "timing_s/rollout_idle": 1.5}
+
+
+@pytest.mark.parametrize("mode", ["async", "lockstep", "sync"])
+def test_the_async_and_lockstep_console_line_shows_staleness_queue_and_idle_times(tmp_path, capsys, mode):
+    with MetricsSink(tmp_path, total_steps=1, progress=False, log_every=1, fields=console_fields(mode)) as sink:
+        sink.log(1, {**STEP, **ASYNC})
+    main = "step 1/1 reward=0.25 acc=0.5 pg_loss=-0.0123 grad_norm=0.75 kl=0.00125 len=23.5 tok/s=12346"
+    waits = " stale=0.5 queue=3 trainer_idle_s=0.25 rollout_idle_s=1.5" if mode != "sync" else ""
+    assert capsys.readouterr().err.splitlines() == [main + waits]
+
+
+def test_a_run_ends_with_its_validation_or_else_its_last_training_metrics():
+    assert final_summary({**STEP, "val/acc": 0.1234567, "forecast/plateau": 0.5}) == {"val/acc": 0.1235,
+                                                                                       "forecast/plateau": 0.5}
+    assert final_summary({**STEP, "actor/ppo_kl": 0.001234, "timing_s/gen": 0.5}) == {
+        "critic/score/mean": 0.25, "train/acc": 0.5, "actor/pg_loss": -0.0123, "actor/grad_norm": 0.75,
+        "actor/ppo_kl": 0.0012, "response_length/mean": 23.5, "perf/throughput": 12345.6}
+    assert final_summary({**STEP, **ASYNC}, console_fields("async"))["timing_s/trainer_idle"] == 0.25
+    assert final_summary({"critic/score/mean": math.nan}) == {"critic/score/mean": "nan"}
+
+
+def test_the_step_stages_are_the_controllers_own():
+    """STEP_STAGES names every ``self.stage(..., "name")`` of the controller, no other."""
+    source = (Path(reasonrl.__file__).parent / "controller.py").read_text(encoding="utf-8")
+    named = {node.args[1].value for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "stage" and len(node.args) == 2}
+    assert named == set(STEP_STAGES)
 
 
 def test_console_line_keeps_the_latest_forecast_and_a_resume_finds_it(tmp_path, capsys):

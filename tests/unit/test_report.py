@@ -4,11 +4,12 @@ import json
 import re
 
 import pytest
+from matplotlib.colors import to_hex
 
 from reasonrl.cli import main
 from reasonrl.config import dump, load
 from reasonrl.errors import InputError
-from reasonrl.report import Run, line_figure, plot_specs, write_report
+from reasonrl.report import Run, line_figure, plot_specs, stage_series, timing_figure, write_report
 from tests.conftest import fill
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -147,6 +148,38 @@ def test_plots_have_integer_steps_and_mark_events():
     assert [a.get_title() for a in by_source.axes] == ["held-out accuracy: a", "held-out accuracy: b"]
     assert line_figure(runs, specs["throughput.png"]) is None  # no run has perf/*
     assert line_figure(runs, specs["data_mix.png"]) is None and line_figure(runs, specs["curriculum.png"]) is None
+
+
+def test_the_plots_mark_incidents_and_recoveries_not_the_runs_course():
+    events = [{"time": 1.0, "kind": "rollout_started", "step": 0, "pids": [7]},
+              {"time": 2.0, "kind": "rollout_scaled", "step": 2, "workers": 2},
+              {"time": 3.0, "kind": "rollout_worker_gone", "step": 3, "worker": 1},
+              {"time": 4.0, "kind": "checkpoint", "step": 4}, {"time": 5.0, "kind": "slowdown_recovered", "step": 5}]
+    assert Run("r", [], events=events).marked_steps() == {3: ["rollout_worker_gone"], 5: ["slowdown_recovered"]}
+
+
+def test_the_stage_plot_stacks_the_stage_seconds_only_and_draws_waits_as_lines():
+    """An async step of 3.5 s: its stages add up to it; the trainer's wait (inside gen), the
+    rollout side's seconds and a group's mean in-flight time overlap them and are lines."""
+    waits = {"timing_s/trainer_idle": 1.9, "timing_s/rollout_idle": 0.7, "timing_s/rollout_gen": 2.6,
+             "timing_s/reward": 0.1, "timing_s/group_in_flight": 4.0, "timing_s/group_queued": 0.2,
+             "timing_s/weight_sync": 0.4}
+    rows = [{"step": 0, "val/acc": 0.25, "timing_s/testing": 0.75}]
+    rows += [{"step": s, "timing_s/step": 3.5, "timing_s/update_actor": 1.0, "timing_s/gen": 2.0, "timing_s/publish": 0.5,
+              **waits} for s in (1, 2)]
+    series = stage_series(Run("async", rows))
+    assert series.steps == [0, 1, 2]
+    assert list(series.stacked) == ["timing_s/gen", "timing_s/update_actor", "timing_s/publish", "timing_s/testing"]
+    assert series.stacked["timing_s/gen"] == [0.0, 2.0, 2.0] and series.stacked["timing_s/testing"] == [0.75, 0.0, 0.0]
+    assert [sum(seconds) for seconds in zip(*series.stacked.values())] == [0.75, 3.5, 3.5]  # the step, not 5 s
+    assert series.lines == {key: ([1, 2], [value, value]) for key, value in sorted(waits.items())}
+    assert stage_series(Run("untimed", [{"step": 1, "timing_s/step": 1.0}])) is None
+    fig = timing_figure([Run("async", rows)])
+    [ax] = fig.axes
+    colours = [to_hex(p.get_facecolor()) for p in ax.patches[::3]] + [to_hex(line.get_color()) for line in ax.lines]
+    assert len(colours) == len(set(colours)) == 4 + 7  # a colour of its own for each series
+    legend = ax.get_legend()
+    assert legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1  # beside the axes, not over them
 
 
 def test_the_data_mix_plot_has_a_panel_a_source_with_its_weights_over_the_steps():

@@ -29,7 +29,7 @@ configuration: run) so that all see the same machine; medians over seeds, and ra
    weights of seed ``--delta-seed``; ``--delta-layers`` of its 24 layers, each of the full
    layer's shape). Per learning rate of ``--delta-lrs`` (``recipe``: the DAPO recipe's
    ``train.lr``), a fresh model with fp32 parameters and the recipe's AdamW trains
-   ``--delta-steps`` real DAPO updates (:func:`~reasonrl.train.update.update_policy` under
+   ``--delta-steps`` real DAPO updates (:func:`~reasonrl.trainer.update.update_policy` under
    bf16 autocast, the recipe's loss and its two optimizer steps per update: mini-batches of
    half the rows) on one synthetic batch per step (4 prompts x 4 samples, 16 prompt and 32
    response tokens, random tokens, random 0/1 scores, GRPO advantages); after each, the
@@ -214,7 +214,7 @@ def delta_sync(args) -> dict:
     from reasonrl.config import load
     from reasonrl.precision import compute_context
     from reasonrl.rollout.weight_sync import WeightSender, apply_delta, weights_bytes
-    from reasonrl.train.update import update_policy
+    from reasonrl.trainer.update import update_policy
     from reasonrl.types import Prompt, RolloutBatch, ScoredBatch, TrainBatch, WeightsDelta, WeightsUpdate
 
     torch.set_num_threads(args.cores)

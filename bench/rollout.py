@@ -41,7 +41,7 @@ from machine_load import busy_jiffies
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
 from reasonrl.rollout.seeds import group_seed
-from reasonrl.train.logprobs import compute_logprobs
+from reasonrl.trainer.logprobs import compute_logprobs
 from reasonrl.types import RolloutBatch, SamplingParams
 
 PAD, EOS, VOCAB = 0, 1, 100

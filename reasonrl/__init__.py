@@ -10,9 +10,6 @@ neither torch nor the config loader:
 
 import importlib as _importlib
 from importlib.metadata import PackageNotFoundError as _NotInstalled, version as _version
-from types import ModuleType as _ModuleType
-
-from reasonrl import train as _train_package
 
 try:
     __version__ = _version("reasonrl")
@@ -20,7 +17,7 @@ try:
 except _NotInstalled:  # imported from a source tree that was never installed
     __version__ = "unknown (not installed)"
 
-_LAZY = {"Config": "reasonrl.config", "evaluate": "reasonrl.api"}
+_LAZY = {"Config": "reasonrl.config", "train": "reasonrl.api", "evaluate": "reasonrl.api"}
 """{name: the module it is read from on first use}."""
 
 __all__ = ["Config", "__version__", "evaluate", "train"]
@@ -36,20 +33,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
-
-
-class _TrainPackage(_ModuleType):
-    """``reasonrl.train`` is the package of the training code (reasonrl/train/: log-probs,
-    updates, ranks), and calling it trains: the import system binds the package to that name
-    whenever one of its modules is imported, so the API's ``train`` is the package's call."""
-
-    def __call__(self, cfg, on_step=None, *, supervise: bool = False) -> dict:
-        """:func:`reasonrl.api.train`: train ``cfg`` in this process (``supervise=True``: under
-        the supervisor) and return the run's summary; ``on_step(step, metrics)`` is called with
-        each row of ``metrics.jsonl``."""
-        from reasonrl.api import train
-
-        return train(cfg, on_step, supervise=supervise)
-
-
-_train_package.__class__ = _TrainPackage

@@ -48,7 +48,7 @@ from reasonrl.runtime import WorkerTimeout
 from reasonrl.runtime.scaling import IdleRule, ScaleWatch, request_scale, scaled
 from reasonrl.runtime.topology import Topology, plan
 from reasonrl.samples import sample_records
-from reasonrl.train.update import sampler_gap
+from reasonrl.trainer.update import sampler_gap
 from reasonrl.types import Prompt, ScoredBatch, TrainBatch
 from reasonrl.workers import trainer_numerics
 

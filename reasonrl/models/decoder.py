@@ -33,7 +33,7 @@ input during a training forward and recomputes the rest in backward.
 Supported: ``llama``, ``qwen2`` and ``qwen3`` configurations with full attention, SiLU
 MLPs and no dropout (:func:`unsupported_reason` says why another is not); anything else
 runs through the ``transformers`` modules (``rollout.backend=hf``, and the generic scoring
-path of :mod:`reasonrl.train.logprobs`).
+path of :mod:`reasonrl.trainer.logprobs`).
 """
 
 from __future__ import annotations

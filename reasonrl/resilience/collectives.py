@@ -6,7 +6,7 @@
     rank = monitor.on_timeout(step)          # after an update call timed out: the stuck rank
     print(format_table(analyse(run_dir / "trace")))               # reasonrl trace RUN_DIR
 
-The traces are the files :class:`~reasonrl.train.distributed.TraceWriter` appends,
+The traces are the files :class:`~reasonrl.trainer.distributed.TraceWriter` appends,
 ``trace/rank<R>.jsonl``: per collective an ``enter`` line before it and an ``exit`` line after
 it, per call a ``begin`` line. Collectives are matched across ranks by ``(incarnation, seq)``; the
 newest incarnation (the group of the newest run attempt) is analysed.

@@ -33,7 +33,7 @@ from reasonrl.resilience.faults import FaultPlan
 from reasonrl.reward.base import Grades
 from reasonrl.reward.pool import RewardPool
 from reasonrl.runtime.pool import PoolStart
-from reasonrl.train.distributed import Recorder
+from reasonrl.trainer.distributed import Recorder
 
 Clock = Callable[[], int]
 

@@ -11,7 +11,7 @@ controller, so the synchronous rollout can share its module), a
 :class:`~reasonrl.runtime.process.ProcessGroup` for a rank in a child process, or a Ray actor
 group with the same ``submit``/``close``. The ranks are launched concurrently, then joined
 into one process group (``connect`` on all of them, a rendezvous at
-:func:`~reasonrl.train.distributed.loopback_init_method` unless another ``init_method`` is given).
+:func:`~reasonrl.trainer.distributed.loopback_init_method` unless another ``init_method`` is given).
 
 Collectives only complete when every rank is in them, so :meth:`submit` starts the calls of
 the ranks that run elsewhere before it runs those of the ranks in this process (which run at
@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 from reasonrl.runtime.group import LocalGroup, WorkerDied, WorkerGroup, WorkerTimeout
-from reasonrl.train.distributed import CollectiveError, CollectiveTimeout, loopback_init_method
+from reasonrl.trainer.distributed import CollectiveError, CollectiveTimeout, loopback_init_method
 
 GRACE_S = 2.0
 """After one rank's call failed, how long the others are given to answer before the call
@@ -38,7 +38,7 @@ class RankGroup:
 
     ``timeout_s`` bounds every call (all ranks together): a rank that has not answered by
     then makes it a :class:`~reasonrl.runtime.group.WorkerTimeout`, and so does a rank whose
-    collective timed out (:class:`~reasonrl.train.distributed.CollectiveTimeout`); a rank whose
+    collective timed out (:class:`~reasonrl.trainer.distributed.CollectiveTimeout`); a rank whose
     process died makes it a :class:`~reasonrl.runtime.group.WorkerDied`. After such a failure
     the ranks' process group is unusable: :meth:`close` then kills the rank processes, and a
     new RankGroup (the restarted run) starts fresh. ``incarnation`` names this group in the trace.

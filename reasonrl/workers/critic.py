@@ -8,8 +8,8 @@ import torch
 
 from reasonrl.config import Config
 from reasonrl.precision import compute_context, enable_checkpointing
-from reasonrl.train.critic import Critic
-from reasonrl.train.update import update_critic
+from reasonrl.trainer.critic import Critic
+from reasonrl.trainer.update import update_critic
 from reasonrl.types import RolloutBatch, TrainBatch
 
 
@@ -35,7 +35,7 @@ class CriticWorker:
             return self.module.values(rollout, t.micro_batch_size, t.micro_batch_tokens)
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
-        """One update of the clipped value loss (:func:`~reasonrl.train.update.update_critic`)."""
+        """One update of the clipped value loss (:func:`~reasonrl.trainer.update.update_critic`)."""
         with compute_context(self.cfg.train.precision, self.cfg.run.device):
             return update_critic(self.module, self.optimizer, batch, self.cfg.algo, self.cfg.train, self.cfg.rollout.max_new_tokens)
 

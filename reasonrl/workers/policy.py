@@ -10,9 +10,9 @@ from reasonrl.checkpoint.export import training_tokenizer, write_model_dir
 from reasonrl.config import Config
 from reasonrl.models.loading import load_model
 from reasonrl.precision import compute_context, enable_checkpointing
-from reasonrl.train.distributed import DataParallel
-from reasonrl.train.logprobs import compute_logprobs, sequence_lengths
-from reasonrl.train.update import own_logprobs, params_finite, update_policy
+from reasonrl.trainer.distributed import DataParallel
+from reasonrl.trainer.logprobs import compute_logprobs, sequence_lengths
+from reasonrl.trainer.update import own_logprobs, params_finite, update_policy
 from reasonrl.types import RolloutBatch, TrainBatch, WeightsUpdate
 
 
@@ -61,7 +61,7 @@ class PolicyWorker:
 
     def update(self, batch: TrainBatch, lr: float) -> dict[str, float]:
         """One PPO update on ``batch`` at learning rate ``lr`` (see
-        :func:`~reasonrl.train.update.update_policy`); the version goes up by one."""
+        :func:`~reasonrl.trainer.update.update_policy`); the version goes up by one."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         r, t = self.cfg.rollout, self.cfg.train
@@ -76,7 +76,7 @@ class PolicyWorker:
         return WeightsUpdate(self.version, {name: p.detach() for name, p in self.module.named_parameters()})
 
     def params_finite(self) -> bool:
-        """Whether every parameter is finite (:func:`~reasonrl.train.update.params_finite`)."""
+        """Whether every parameter is finite (:func:`~reasonrl.trainer.update.params_finite`)."""
         return params_finite(self.module)
 
     def state_dict(self) -> dict:

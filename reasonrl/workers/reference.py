@@ -9,7 +9,7 @@ import torch
 from reasonrl.config import Config
 from reasonrl.models.loading import load_model
 from reasonrl.precision import compute_context
-from reasonrl.train.logprobs import compute_logprobs
+from reasonrl.trainer.logprobs import compute_logprobs
 from reasonrl.types import RolloutBatch
 
 

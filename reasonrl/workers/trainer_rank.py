@@ -12,7 +12,7 @@ answer None on the other ranks instead of sending a copy of rank 0's answer.
 ``train.strategy``:
 
 - ``ddp``: every rank holds all parameters; the update all-reduces the gradients
-  (:mod:`reasonrl.train.distributed`). Rank 0's parameters are broadcast at :meth:`connect`,
+  (:mod:`reasonrl.trainer.distributed`). Rank 0's parameters are broadcast at :meth:`connect`,
   so all ranks start identical; rank 0's state is the checkpoint, and every rank restores it.
 - ``fsdp`` (CUDA only): FSDP2 (``fully_shard`` on each decoder layer and the root) shards the
   parameters, gradients and AdamW state; with ``model.dtype=bfloat16`` it computes in bf16 and
@@ -34,14 +34,14 @@ from reasonrl.checkpoint.export import training_tokenizer, write_model_dir
 from reasonrl.config import Config
 from reasonrl.models.loading import load_model
 from reasonrl.errors import InputError
-from reasonrl.train.distributed import DataParallel, Recorder, TraceWriter
+from reasonrl.trainer.distributed import DataParallel, Recorder, TraceWriter
 from reasonrl.types import RolloutBatch, TrainBatch, WeightsUpdate
 from reasonrl.workers.policy import PolicyWorker
 
 
 class _TransformersForward(torch.nn.Module):
     """``inner``'s ``transformers`` forward, without its ``config``: the scoring code then takes
-    the generic path (:func:`~reasonrl.train.logprobs.response_logits`), which calls the
+    the generic path (:func:`~reasonrl.trainer.logprobs.response_logits`), which calls the
     modules and so FSDP's hooks, instead of reading the (sharded) parameters directly."""
 
     def __init__(self, inner: torch.nn.Module) -> None:
@@ -56,7 +56,7 @@ class TrainerRank(PolicyWorker):
     """Rank ``rank`` of ``world`` data-parallel policy ranks (see the module docstring).
 
     ``trace_dir`` (with ``runtime.trace_collectives``) receives ``rank<R>.jsonl``, the record
-    of its collectives (:class:`~reasonrl.train.distributed.TraceWriter`). Nothing talks to
+    of its collectives (:class:`~reasonrl.trainer.distributed.TraceWriter`). Nothing talks to
     the other ranks before :meth:`connect`, so the ranks can be built one after another.
     """
 

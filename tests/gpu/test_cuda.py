@@ -11,7 +11,7 @@ from reasonrl.controller import Controller
 from reasonrl.models.decoder import LeanDecoder
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
-from reasonrl.train.logprobs import compute_logprobs, response_hidden
+from reasonrl.trainer.logprobs import compute_logprobs, response_hidden
 from reasonrl.types import SamplingParams
 from tests.conftest import tiny_run
 from tests.unit.test_decoder import FAMILIES, build, grouped_rollout, hf_response_logits

@@ -156,7 +156,7 @@ def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path, capsys):
 
 
 def test_sampling_logprobs_equal_recomputed_ones_so_reuse_is_exact(model_dir, tmp_path):
-    from reasonrl.train.logprobs import compute_logprobs
+    from reasonrl.trainer.logprobs import compute_logprobs
 
     controller = Controller(config(model_dir, tmp_path, "rollout.top_k=5", "rollout.temperature=0.7"))
     r = controller.source.next_batch(0).scored.rollout

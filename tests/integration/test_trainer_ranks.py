@@ -22,7 +22,7 @@ from reasonrl.resilience.collectives import RankMonitor, analyse, build_rank, fo
 from reasonrl.resilience.faults import FIRED_FILE
 from reasonrl.runtime import LocalGroup, ProcessGroup, WorkerTimeout
 from reasonrl.runtime.ranks import RankGroup
-from reasonrl.train.logprobs import compute_logprobs
+from reasonrl.trainer.logprobs import compute_logprobs
 from reasonrl.types import ScoredBatch, TrainBatch
 from reasonrl.workers.policy import PolicyWorker
 from reasonrl.workers.trainer_rank import TrainerRank

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from reasonrl.config import AlgoConfig, TrainConfig
-from reasonrl.train.logprobs import compute_logprobs
-from reasonrl.train.update import update_policy
+from reasonrl.trainer.logprobs import compute_logprobs
+from reasonrl.trainer.update import update_policy
 from reasonrl.types import ScoredBatch, TrainBatch
 from tests.conftest import synthetic_rollout, tiny_qwen2
 

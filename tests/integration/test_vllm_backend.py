@@ -17,7 +17,7 @@ import torch
 from reasonrl.config import load
 from reasonrl.controller import Controller
 from reasonrl.rollout.fast import FastGenerator
-from reasonrl.train.logprobs import compute_logprobs
+from reasonrl.trainer.logprobs import compute_logprobs
 from reasonrl.types import SamplingParams
 from tests.conftest import tiny_run
 from tests.unit.test_rollout_hf import seeds

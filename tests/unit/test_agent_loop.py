@@ -19,7 +19,7 @@ from reasonrl.data.tokenizer import build_char_tokenizer
 from reasonrl.rollout.agent_loop import AgentLoop, episode_return, observation_ids
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
-from reasonrl.train.logprobs import compute_logprobs
+from reasonrl.trainer.logprobs import compute_logprobs
 from reasonrl.types import SamplingParams
 from reasonrl.rollout.seeds import row_seeds
 from tests.unit.test_rollout_hf import EOS, PAD, TRIGGER, seeds, tiny_qwen2

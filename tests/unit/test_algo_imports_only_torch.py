@@ -1,6 +1,6 @@
 """reasonrl.algo imports with transformers, ray, vllm, tokenizers and yaml absent.
 
-It must pull in nothing else of the project either (but the package root's empty ``reasonrl.train``).
+It must pull in nothing else of the project either.
 """
 
 import subprocess
@@ -12,8 +12,7 @@ for name in ("transformers", "ray", "vllm", "tokenizers", "yaml"):
     sys.modules[name] = None  # any import of these now raises ImportError
 import reasonrl.algo
 project = sorted(m for m in sys.modules if m.startswith("reasonrl"))
-# reasonrl.train: the empty package the package root makes callable (reasonrl.train(cfg)); it imports nothing.
-outside = [m for m in project if m not in ("reasonrl", "reasonrl.train", "reasonrl.algo") and not m.startswith("reasonrl.algo.")]
+outside = [m for m in project if m not in ("reasonrl", "reasonrl.algo") and not m.startswith("reasonrl.algo.")]
 assert not outside, outside
 assert "reasonrl.config" not in sys.modules and "reasonrl.types" not in sys.modules
 for name in ("transformers", "ray", "vllm", "tokenizers", "yaml"):

@@ -14,7 +14,7 @@ import transformers
 from reasonrl.models.decoder import LeanDecoder, unsupported_reason
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
-from reasonrl.train.logprobs import compute_logprobs, micro_batches, response_hidden, shared_prefix_inputs
+from reasonrl.trainer.logprobs import compute_logprobs, micro_batches, response_hidden, shared_prefix_inputs
 from reasonrl.types import SamplingParams
 from tests.conftest import synthetic_rollout
 from tests.unit.test_rollout_hf import seeds

@@ -15,7 +15,7 @@ from reasonrl.resilience.collectives import Found, RankMonitor, TraceReader, ana
 from reasonrl.resilience.faults import parse_faults
 from reasonrl.runtime import LocalGroup, WorkerTimeout
 from reasonrl.runtime.ranks import RankGroup
-from reasonrl.train.distributed import CollectiveError, CollectiveTimeout, TraceWriter, split_rows
+from reasonrl.trainer.distributed import CollectiveError, CollectiveTimeout, TraceWriter, split_rows
 
 # ---------------------------------------------------------------------- the split
 

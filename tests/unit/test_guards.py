@@ -23,7 +23,7 @@ from reasonrl.resilience.guards import (
 )
 from reasonrl.config import ResilienceConfig
 from reasonrl.metrics import EventLog, read_jsonl
-from reasonrl.train.update import params_finite
+from reasonrl.trainer.update import params_finite
 
 NAN, INF = math.nan, math.inf
 

@@ -193,7 +193,7 @@ def test_the_check_sees_lazy_imports_and_orders_the_layers(tmp_path):
     assert [layer_of(f"reasonrl.{top}") for top in order] == sorted({layer_of(f"reasonrl.{top}") for top in order})
     assert layer_of("reasonrl.errors") == layer_of("reasonrl.types")
     assert layer_of("reasonrl.data") == layer_of("reasonrl.reward") == layer_of("reasonrl.env")
-    assert layer_of("reasonrl.rollout") == layer_of("reasonrl.train")
+    assert layer_of("reasonrl.rollout") == layer_of("reasonrl.trainer")
     assert layer_of("reasonrl.build") == layer_of("reasonrl.controller") == layer_of("reasonrl.experiments")
 
 

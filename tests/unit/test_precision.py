@@ -13,8 +13,8 @@ from reasonrl.algo import logprob_mismatch
 from reasonrl.models.decoder import LeanDecoder
 from reasonrl.precision import compute_context, enable_checkpointing
 from reasonrl.rollout.fast import FastGenerator
-from reasonrl.train.logprobs import policy_logprobs, response_hidden
-from reasonrl.train.update import sampler_gap
+from reasonrl.trainer.logprobs import policy_logprobs, response_hidden
+from reasonrl.trainer.update import sampler_gap
 from reasonrl.types import SamplingParams
 from tests.unit.test_decoder import FAMILIES, build, grouped_rollout, hf_response_logits
 from tests.unit.test_rollout_hf import seeds

@@ -160,7 +160,7 @@ def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 class DataParallel:
     """Rank ``rank`` of ``world`` in the default process group: the data-parallel context of
-    :func:`~reasonrl.train.update.update_policy` and of the trainer rank worker.
+    :func:`~reasonrl.trainer.update.update_policy` and of the trainer rank worker.
 
     ``shares`` are the ranks' speed weights (equal by default; every rank must hold the same
     ones, :meth:`set_shares`). ``strategy`` is ``ddp`` (gradients all-reduced here) or ``fsdp``

@@ -13,7 +13,7 @@ from transformers import AutoModel
 
 from reasonrl.models.loading import torch_dtype
 from reasonrl.models.decoder import LeanDecoder, unsupported_reason
-from reasonrl.train.logprobs import per_token_scores, response_hidden, sequence_inputs
+from reasonrl.trainer.logprobs import per_token_scores, response_hidden, sequence_inputs
 from reasonrl.types import RolloutBatch
 
 

@@ -4,10 +4,10 @@ Each mini-batch is one optimizer step. Its loss is split over micro-batches so t
 the sum of the micro-batch losses is exactly the mini-batch loss (``aggregate`` with the
 mini-batch normaliser ``total``): gradients do not depend on the micro-batch size.
 
-Data-parallel ranks (a :class:`~reasonrl.train.distributed.DataParallel` context ``dp``) split
+Data-parallel ranks (a :class:`~reasonrl.trainer.distributed.DataParallel` context ``dp``) split
 each mini-batch the same way: every rank holds the whole batch, computes ``total`` from the
 whole mini-batch, and runs forward and backward on its own rows only (a token-balanced share,
-:meth:`~reasonrl.train.distributed.DataParallel.own`)::
+:meth:`~reasonrl.trainer.distributed.DataParallel.own`)::
 
     loss_rank = sum over its rows' micro-batches of aggregate(l, m, agg, total=total)
     sum over ranks of loss_rank = the mini-batch loss;  grad = all-reduce SUM of grad(loss_rank)
@@ -36,9 +36,9 @@ from reasonrl.algo import (
     value_loss,
 )
 from reasonrl.config import AlgoConfig, TrainConfig
-from reasonrl.train.critic import Critic
-from reasonrl.train.distributed import DataParallel
-from reasonrl.train.logprobs import compute_logprobs, micro_batches, policy_logprobs, sequence_lengths
+from reasonrl.trainer.critic import Critic
+from reasonrl.trainer.distributed import DataParallel
+from reasonrl.trainer.logprobs import compute_logprobs, micro_batches, policy_logprobs, sequence_lengths
 from reasonrl.types import TrainBatch
 
 MicroLoss = Callable[[torch.Tensor, float], tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]]
@@ -62,7 +62,7 @@ def minibatch_steps(
     """Run ``train.ppo_epochs`` passes over the batch in mini-batches of ``train.mini_batch_size``.
 
     Per mini-batch: zero grads, accumulate the gradients of its micro-batches
-    (:func:`~reasonrl.train.logprobs.micro_batches` of ``train.micro_batch_size`` rows, or
+    (:func:`~reasonrl.trainer.logprobs.micro_batches` of ``train.micro_batch_size`` rows, or
     length-sorted within ``train.micro_batch_tokens``; ``lengths`` are the rows' prompt +
     response tokens), clip the global grad norm to ``train.grad_clip``, step. With
     ``active`` (a [B] bool), only active rows run forward and backward; the others must have
@@ -73,7 +73,7 @@ def minibatch_steps(
     over micro-batches, and ``grad_norm`` averaged over mini-batches.
 
     With ``dp``, the rank runs its own rows of each mini-batch's (active) rows, then
-    :meth:`~reasonrl.train.distributed.DataParallel.reduce_gradients` sums the gradients and
+    :meth:`~reasonrl.trainer.distributed.DataParallel.reduce_gradients` sums the gradients and
     the loss over the ranks before clipping; the returned metrics are the global ones
     (shares summed over ranks, means averaged over every rank's micro-batches).
     """
@@ -141,8 +141,8 @@ def own_logprobs(
     model: torch.nn.Module, rollout, temperature: float, train: TrainConfig, rows: torch.Tensor, dp: DataParallel
 ) -> torch.Tensor:
     """[B, T] log-probs of ``rows`` (this rank's, 0 elsewhere) without gradients, in the
-    micro-batches of :func:`~reasonrl.train.logprobs.compute_logprobs` (under fsdp padded to
-    the ranks' common number of passes, :meth:`~reasonrl.train.distributed.DataParallel.passes`)."""
+    micro-batches of :func:`~reasonrl.trainer.logprobs.compute_logprobs` (under fsdp padded to
+    the ranks' common number of passes, :meth:`~reasonrl.trainer.distributed.DataParallel.passes`)."""
     lengths = sequence_lengths(rollout)
     out = torch.zeros_like(rollout.response_mask)
     was_training = model.training

@@ -41,6 +41,7 @@ from reasonrl.config.schema import (
     DataConfig,
     EnvConfig,
     EvalConfig,
+    LoraConfig,
     ModelConfig,
     ResilienceConfig,
     ResumeConfig,
@@ -54,7 +55,7 @@ from reasonrl.config.schema import (
 
 __all__ = [
     "AlgoConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EnvConfig", "EvalConfig", "KeyHelp",
-    "LOGGING_KEYS", "ModelConfig", "ResilienceConfig", "ResumeConfig", "RewardConfig", "RolloutConfig", "RunConfig",
+    "LOGGING_KEYS", "LoraConfig", "ModelConfig", "ResilienceConfig", "ResumeConfig", "RewardConfig", "RolloutConfig", "RunConfig",
     "RuntimeConfig", "SFTConfig", "TrainConfig", "config_hash", "dump", "dump_text", "field_docs", "flatten",
     "keys_help", "load", "to_dict", "validate",
 ]

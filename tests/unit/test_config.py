@@ -202,6 +202,13 @@ def test_missing_recipe(tmp_path):
         (["data.difficulty.chain=hard"], "data.difficulty.chain = 'hard': 'chain' is not one of data.families ['add', 'mul', 'sum']"),
         (["data.source=rows.jsonl", "data.difficulty.add=easy"],
          "data.difficulty.add = 'easy': difficulty levels are the embedded task's (data.source=embedded)"),
+        (["model.lora.rank=-1"], "model.lora.rank = -1: must be >= 0"),
+        (["model.lora.alpha=0"], "model.lora.alpha = 0.0: must be > 0"),
+        (["model.lora.dropout=1"], "model.lora.dropout = 1.0: must be in [0, 1)"),
+        (["model.lora.target_modules=[]"], "model.lora.target_modules = (): must be a non-empty list of module names"),
+        (["model.lora.target_modules=[q_proj, ' ']"], "model.lora.target_modules = ('q_proj', ' '): must be a non-empty list"),
+        (["model.lora.rank=8", "train.strategy=fsdp", "run.device=cuda"],
+         "model.lora.rank = 8: LoRA adapters train with train.strategy=ddp (or one rank)"),
     ],
 )
 def test_validation_errors(overrides, expected):

@@ -260,7 +260,10 @@ def test_a_lora_run_exports_the_merged_model_that_plain_transformers_loads_and_g
 def test_a_lora_run_exports_its_adapter_directory_that_peft_loads(lora_run, model_dir, tmp_path):
     from peft import PeftModel
 
-    out = export_model(lora_run, tmp_path / "adapter", adapter=True)
+    from reasonrl.cli import main
+
+    out = tmp_path / "adapter"
+    assert main(["export", str(lora_run), str(out), "--adapter"]) == 0
     names = {p.name for p in out.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", MARKER} <= names
     assert "model.safetensors" not in names

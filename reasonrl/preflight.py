@@ -95,7 +95,9 @@ class Plan:
             f"data         {self.data}",
             f"reward       {self.reward or c.reward.fn}",
             f"model        {self.model} on {c.run.device} ({c.model.dtype}, train.precision {t.precision}"
-            + (", gradient checkpointing" if t.grad_checkpointing else "") + ")",
+            + (", gradient checkpointing" if t.grad_checkpointing else "")
+            + (f", LoRA rank {c.model.lora.rank} alpha {c.model.lora.alpha:g} on {', '.join(c.model.lora.target_modules)}"
+               if c.model.lora.rank > 0 else "") + ")",
             f"context      longest prompt {self.longest_prompt} + rollout.max_new_tokens {r.max_new_tokens} "
             f"<= {self.context} tokens" + (f"; {self.prompts_cut}" if self.prompts_cut else ""),
             f"memory       {self.memory}",

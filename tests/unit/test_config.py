@@ -350,7 +350,7 @@ def test_every_refusal_left_in_the_rules_is_about_a_value_or_a_backend():
     refused = sorted({c.args[1].value for c in calls if isinstance(c.args[1], ast.Constant)})
     assert refused == sorted([
         "algo.eps_high", "algo.overlong_buffer", "env.tool_call_pattern", "env.tool_response_format", "model.dtype",
-        "rollout.backend", "rollout.interrupt", "rollout.max_staleness", "rollout.n", "sft.heads", "sft.kv_heads",
+        "model.lora.rank", "rollout.backend", "rollout.interrupt", "rollout.max_staleness", "rollout.n", "sft.heads", "sft.kv_heads",
         "train.gen_prompts_per_step", "train.micro_batch_size", "train.mini_batch_size", "train.old_logprobs",
         "train.strategy",
     ]), refused
@@ -392,8 +392,10 @@ def test_the_backend_refusals_follow_the_table(monkeypatch):
     interrupts, and the rules accept it; take them from fast, and they refuse it."""
     from reasonrl.config import capabilities as C
 
-    monkeypatch.setitem(C.BACKENDS, "vllm", C.Capabilities(continues=True, interrupts=True, streams=False, trainer_numerics=False))
-    monkeypatch.setitem(C.BACKENDS, "fast", C.Capabilities(continues=False, interrupts=False, streams=True, trainer_numerics=True))
+    monkeypatch.setitem(C.BACKENDS, "vllm", C.Capabilities(continues=True, interrupts=True, streams=False, trainer_numerics=False,
+                                                                   adapters=False))
+    monkeypatch.setitem(C.BACKENDS, "fast", C.Capabilities(continues=False, interrupts=False, streams=True, trainer_numerics=True,
+                                                                   adapters=True))
     validate(load(None, ["env.name=grid", "rollout.backend=vllm"]))
     validate(load(None, ["rollout.mode=async", "rollout.interrupt=true", "rollout.backend=vllm"]))
     assert "(env.name = 'grid' needs a backend that can: hf, vllm)" in error(None, ["env.name=grid"])

@@ -13,11 +13,11 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # torch first: with torch 2.13.0 already installed, nothing later pulls a CUDA build. Then the
-# package with the test, wandb, math, sandbox and ray extras at the exact versions CI uses
+# package with the test, wandb, math, sandbox, ray, lora and docs extras at the exact versions CI uses
 # (constraints.txt, inside pyproject.toml's ranges; its torch pin is $(TORCH)'s version).
 $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,wandb,math,sandbox,ray,docs]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,wandb,math,sandbox,ray,lora,docs]'
 	touch $@
 
 install: $(VENV)/.installed

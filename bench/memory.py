@@ -18,6 +18,11 @@ reasonrl's estimate (``reasonrl.memory.estimate_memory``), the step's wall time 
 
     python bench/memory.py                       # all four configurations
     python bench/memory.py --configs bf16-mixed:0,bf16-mixed:1 --micro-batch-tokens 1024
+    python bench/memory.py --configs fp32:0 --lora-ranks 0,16   # full fine-tuning against LoRA rank 16
+
+``--lora-ranks``: each configuration once per rank (0: full fine-tuning; above 0: LoRA adapters of
+that rank on the attention and MLP projections, ``model.lora.rank``), the ranks interleaved
+within each configuration.
 """
 
 from __future__ import annotations
@@ -70,8 +75,9 @@ def build_model_dir(out: Path) -> Path:
     return out
 
 
-def overrides(model_dir: Path, run_dir: Path, precision: str, checkpointing: bool, args) -> list[str]:
+def overrides(model_dir: Path, run_dir: Path, precision: str, checkpointing: bool, rank: int, args) -> list[str]:
     return [
+        f"model.lora.rank={rank}",
         f"model.path={model_dir}",
         f"run.dir={run_dir}",
         "run.progress=false",
@@ -114,6 +120,8 @@ def worker(spec: dict) -> dict:
     return {
         "precision": cfg.train.precision,
         "grad_checkpointing": cfg.train.grad_checkpointing,
+        "lora_rank": cfg.model.lora.rank,
+        "trained_parameters": sum(p.numel() for p in trainer.rank0.module.parameters() if p.requires_grad),
         "step_peak_gb": round(m["perf/max_memory_gb"], 2),
         "process_peak_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, 2),
         "estimate_gb": round(estimate.peak / GB, 2),
@@ -135,6 +143,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--micro-batch-tokens", type=int, default=2048)
+    ap.add_argument("--lora-ranks", default="0", help="comma-separated LoRA ranks run for each configuration (0: off)")
     ap.add_argument("--steps", type=int, default=2, help="steps per configuration; the last one is reported")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "reasonrl-qwen25-05b-shape"))
@@ -148,16 +157,18 @@ def main() -> None:
     model_dir = build_model_dir(Path(args.model_dir))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, item in enumerate(args.configs.split(",")):
+        runs = [(item, int(rank)) for item in args.configs.split(",") for rank in args.lora_ranks.split(",")]
+        for i, (item, rank) in enumerate(runs):
             precision, _, ckpt = item.partition(":")
-            spec = {"overrides": overrides(model_dir, Path(tmp) / f"run{i}", precision, ckpt == "1", args),
+            spec = {"overrides": overrides(model_dir, Path(tmp) / f"run{i}", precision, ckpt == "1", rank, args),
                     "model_dir": str(model_dir), "prompt_len": 8, "steps": args.steps, "rows": args.prompts * args.n}
-            log(f"[memory] {precision} checkpointing={ckpt == '1'}")
+            log(f"[memory] {precision} checkpointing={ckpt == '1'} lora_rank={rank}")
             out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
                                  timeout=3600)
             if out.returncode != 0:
                 log(out.stderr[-3000:])
-                results.append({"precision": precision, "grad_checkpointing": ckpt == "1", "error": out.stderr.strip().splitlines()[-1:]})
+                results.append({"precision": precision, "grad_checkpointing": ckpt == "1", "lora_rank": rank,
+                                "error": out.stderr.strip().splitlines()[-1:]})
                 continue
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
             log(json.dumps(results[-1]))

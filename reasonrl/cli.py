@@ -6,7 +6,7 @@
     reasonrl sft [RECIPE] [key=value ...]        build (or find) the cached warm start
     reasonrl eval [RECIPE] [--model DIR] [--data FILE] [key=value ...]   mean@k, pass@k, maj@k, greedy accuracy
     reasonrl demo [key=value ...]                the embedded example end to end, then a report
-    reasonrl export RUN_DIR [--step N] OUT       a run's policy as a Hugging Face model directory
+    reasonrl export RUN_DIR [--step N] [--adapter] OUT   a run's policy as a Hugging Face model directory (LoRA: merged, or --adapter)
     reasonrl report RUN_DIR [RUN_DIR ...]        PNG plots and report.html comparing runs
     reasonrl forecast RUN_DIR [--at 0.3]         held-out accuracy's fitted curve: plateau, final val/acc, step to eval.target
     reasonrl sweep SWEEP.yaml --dir DIR [k=v]    every cell x seed of a sweep file, resumable; summary with intervals
@@ -216,11 +216,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """A run's policy (the newest checkpoint, or --step N) as a Hugging Face model directory."""
+    """A run's policy (the newest checkpoint, or --step N) as a Hugging Face model directory; a
+    LoRA run's merged, or (--adapter) its adapter directory."""
     from reasonrl.checkpoint.export import export_model
 
     try:
-        print(export_model(args.run_dir, args.out, args.step, args.force))
+        print(export_model(args.run_dir, args.out, args.step, args.force, args.adapter))
     except OSError as err:  # a full or read-only disk: nothing was left half-written
         raise InputError(f"{args.out}: the export could not be written ({error_line(err)})") from err
     return 0
@@ -453,6 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="the directory to write (new or empty, outside any run directory)")
     p.add_argument("--force", action="store_true", help="replace a previous export in OUT")
     p.add_argument("--step", type=int, default=None, help="export checkpoints/step_N (default: the newest valid checkpoint)")
+    p.add_argument("--adapter", action="store_true", help="a LoRA run: write the adapter directory (peft format) "
+                                                          "instead of the merged model")
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("ledger", help="check that every prompt draw of a run has exactly one fate (trained, dropped "
                                       "stale, filtered, left over); exit 1 naming the draws that do not")

@@ -6,7 +6,11 @@ training process and its rollout side hold at their peak:
     weights     N x b_p per model copy: the policy (whose module rollout workers colocated with it
                 share), the reference (algo.kl_loss_coef > 0), the critic (algo.adv_estimator=gae),
                 and each rollout worker's own copy when they have their own (runtime.roles.rollout)
-    training    gradients N x b_p and AdamW's two moments 2 N x b_p, per trained model
+    training    gradients N x b_p and AdamW's two moments 2 N x b_p, per trained model; a LoRA
+                policy (model.lora.rank > 0) trains only its adapters: 3 A x b_p
+    adapters    a LoRA policy's adapters, A x b_p (and each rollout worker's copy where the
+                backend loads adapters), and the merged projections W + (alpha / r) B A the lean
+                decoder builds for a forward, P x b_p (P: the adapted projections' parameters)
     compute     bf16 copies of the weights, N x 2, while a forward runs (train.precision=bf16-mixed)
     generation  the key/value cache, rows x (prompt + response) x layers x 2 Hkv D x b_c (the
                 response: rollout.max_new_tokens, or a whole trajectory's env.max_tokens),
@@ -23,8 +27,9 @@ training process and its rollout side hold at their peak:
                 shape it met (up to 1024 of them; about 0.7 MB each here): 0.85 GB per process,
                 measured as the difference of the embedded DAPO recipe's peak in bf16-mixed and fp32
 
-with N the parameters (from the model's config.json: no weights are read), b_p the parameters'
-bytes per element (model.dtype), b_c the bytes of the products (2 under bf16-mixed), and per
+with N the parameters (from the model's config.json: no weights are read), A the adapters'
+parameters, rank x (in + out) per adapted projection and layer (:meth:`ModelShape.lora_parameters`),
+b_p the parameters' bytes per element (model.dtype), b_c the bytes of the products (2 under bf16-mixed), and per
 token and layer of the lean decoder's forward the saved tensors
 
     a = 2 d b_p                          the two norms' inputs (the residual stream)
@@ -52,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reasonrl.config import Config
+from reasonrl.config.capabilities import can
 from reasonrl.config.rules import rollout_shares_policy
 from reasonrl.errors import LimitError
 
@@ -106,6 +112,19 @@ class ModelShape:
     def from_model_dir(cls, path: str | Path) -> "ModelShape":
         return cls.from_config(json.loads((Path(path) / "config.json").read_text(encoding="utf-8")))
 
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """``(in, out)`` features of each projection of a layer, by its module name."""
+        d, D, H, Hkv, I = self.hidden, self.head_dim, self.heads, self.kv_heads, self.intermediate
+        return {"q_proj": (d, H * D), "k_proj": (d, Hkv * D), "v_proj": (d, Hkv * D), "o_proj": (H * D, d),
+                "gate_proj": (d, I), "up_proj": (d, I), "down_proj": (I, d)}
+
+    def lora_parameters(self, rank: int, targets: tuple[str, ...]) -> tuple[int, int]:
+        """``(A, P)``: the LoRA adapters' parameters, ``rank x (in + out)`` per adapted projection
+        of each layer, and the adapted projections' own (``in x out`` each); projections are
+        matched by name as peft does (``targets`` naming others count nothing here)."""
+        adapted = [(i, o) for name, (i, o) in self.projections().items() if any(name.endswith(t) for t in targets)]
+        return self.layers * sum(rank * (i + o) for i, o in adapted), self.layers * sum(i * o for i, o in adapted)
+
     def parameters(self) -> int:
         """Parameter count: embeddings (and an untied head), per layer the q/k/v/o and MLP
         projections, their biases, two norms (and the q/k norms), and the final norm."""
@@ -152,8 +171,13 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
     critic = a.adv_estimator == "gae"
     workers = 0 if rollout_shares_policy(cfg) else cfg.runtime.roles.rollout.count  # with weights of their own
 
+    lora = cfg.model.lora
+    A, P = shape.lora_parameters(lora.rank, lora.target_modules) if lora.rank > 0 else (0, 0)
+    trained = A if lora.rank > 0 else N  # the policy's trained parameters
     weights = N * b_p * (1 + (a.kl_loss_coef > 0) + critic)
-    training = 3 * N * b_p * (1 + critic)
+    training = 3 * trained * b_p + 3 * N * b_p * critic
+    adapters = (A + P) * b_p
+    worker_adapters = A * b_p if can(cfg.rollout.backend, "adapters") else 0  # a rollout worker's own LoRA layers
     compute = 2 * N if mixed else 0
     gen_prompts = t.gen_prompts_per_step or math.ceil(t.prompts_per_step * (a.oversample if a.dynamic_sampling else 1))
     rows = gen_prompts * r.n
@@ -168,16 +192,17 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
         activations = tokens * shape.layers * per_layer
     head = max(tokens // context, 1) * response * shape.vocab * (b_c + 18)
     kernels = KERNEL_CACHE_BYTES if b_c == 2 and not cfg.run.device.startswith("cuda") else 0
-    trainer_peak = weights + training + compute + RUNTIME_BYTES + kernels
+    trainer_peak = weights + training + adapters + compute + RUNTIME_BYTES + kernels
     if workers:  # processes of their own: weights, their compute copy, a share of the cache, the runtime
         generation = math.ceil(generation / workers)  # the dispatch splits each generation batch
-        rollout = workers * (N * b_p + compute + generation + RUNTIME_BYTES + kernels)
+        rollout = workers * (N * b_p + worker_adapters + compute + generation + RUNTIME_BYTES + kernels)
         peak = trainer_peak + activations + head + rollout
     else:
         rollout = 0
         peak = trainer_peak + max(activations + head, generation)
     parts = {
-        "weights": weights, "gradients+AdamW": training, "bf16 copies": compute, "generation": generation,
+        "weights": weights, "gradients+AdamW": training, "LoRA adapters+merged": adapters, "bf16 copies": compute,
+        "generation": generation,
         "activations": activations, "LM head": head, "rollout workers": rollout - workers * generation if rollout else 0,
         "runtime": RUNTIME_BYTES, "kernel cache": kernels,
     }

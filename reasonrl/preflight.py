@@ -15,7 +15,7 @@ runs only them. In order:
    the packages of ``run.loggers`` import;
 4. the model: ``model.path`` is a Hugging Face model directory with a tokenizer, or the
    embedded warm start (cached, or trained first);
-5. ``run.device`` is usable with this torch build, and the tokenizer of a model directory reloads
+5. ``run.device`` is usable with this torch build, ``peft`` is installed when ``model.lora.rank > 0``, and the tokenizer of a model directory reloads
    as ``final/`` will be reloaded (plain AutoTokenizer of the saved tokenizer tokenises as training
    does; :func:`~reasonrl.checkpoint.export.check_tokenizer_exports`);
 6. the context: every prompt (in tokens, chat template applied once) fits data.max_prompt_len
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reasonrl.config import Config, config_hash, load
-from reasonrl.errors import RunDirError
+from reasonrl.errors import InputError, RunDirError
 
 if TYPE_CHECKING:
     from reasonrl.runtime.topology import Topology
@@ -95,7 +95,9 @@ class Plan:
             f"data         {self.data}",
             f"reward       {self.reward or c.reward.fn}",
             f"model        {self.model} on {c.run.device} ({c.model.dtype}, train.precision {t.precision}"
-            + (", gradient checkpointing" if t.grad_checkpointing else "") + ")",
+            + (", gradient checkpointing" if t.grad_checkpointing else "")
+            + (f", LoRA rank {c.model.lora.rank} alpha {c.model.lora.alpha:g} on {', '.join(c.model.lora.target_modules)}"
+               if c.model.lora.rank > 0 else "") + ")",
             f"context      longest prompt {self.longest_prompt} + rollout.max_new_tokens {r.max_new_tokens} "
             f"<= {self.context} tokens" + (f"; {self.prompts_cut}" if self.prompts_cut else ""),
             f"memory       {self.memory}",
@@ -124,6 +126,7 @@ def preflight(cfg: Config) -> Plan:
     from reasonrl.models.loading import check_device
 
     check_device(cfg.run.device)
+    _check_lora(cfg)
     tokenizer, context = _tokenizer_and_context(model_dir)
     if model_dir is not None and cfg.model.path != "embedded":
         from reasonrl.checkpoint.export import check_tokenizer_exports
@@ -145,6 +148,15 @@ def preflight(cfg: Config) -> Plan:
     check_fits(cfg, estimate)
     return Plan(cfg, state, len(train_tokens.prompts), len(test_tokens.prompts), model, longest, context, reward,
                 splits.description, cut, estimate.describe(), topology)
+
+
+def _check_lora(cfg: Config) -> None:
+    """InputError naming model.lora.rank when LoRA is on and the peft package is missing."""
+    import importlib.util
+
+    if cfg.model.lora.rank > 0 and importlib.util.find_spec("peft") is None:
+        raise InputError(f"model.lora.rank = {cfg.model.lora.rank}: LoRA needs the peft package, which is not "
+                         "installed; pip install 'reasonrl[lora]', or model.lora.rank=0 to train every parameter")
 
 
 def reward_line(cfg: Config, prompts: list) -> str:

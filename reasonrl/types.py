@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -257,6 +257,9 @@ class WeightsUpdate:
     checksum: the tensors' checksum (:func:`reasonrl.rollout.weight_sync.checksum`) when the
               version is an exact copy in the rollout dtype that deltas are made from
               (:class:`WeightsDelta`); None for the trainer's own tensors
+    kind:     what ``tensors`` are: ``full`` (every parameter: no LoRA), ``adapters`` (a LoRA
+              run's adapter parameters alone, for a rollout module that holds the same LoRA
+              layers) or ``merged`` (a LoRA run's plain-model parameters, W + (alpha / r) B A)
 
     Pickled (to another process) as one object: the names, dtypes and shapes, and each
     parameter's bytes as a NumPy array (16-bit floats as their bit patterns), which pickle
@@ -270,6 +273,7 @@ class WeightsUpdate:
     version: int
     tensors: dict[str, torch.Tensor]
     checksum: int | None = None
+    kind: Literal["full", "adapters", "merged"] = "full"
 
     def __getstate__(self) -> dict[str, Any]:
         layout, arrays = [], []
@@ -277,7 +281,7 @@ class WeightsUpdate:
             flat = t.detach().to("cpu").contiguous().reshape(-1)
             arrays.append((flat.view(torch.int16) if flat.is_floating_point() and flat.element_size() == 2 else flat).numpy())
             layout.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
-        return {"version": self.version, "layout": layout, "arrays": arrays, "checksum": self.checksum}
+        return {"version": self.version, "layout": layout, "arrays": arrays, "checksum": self.checksum, "kind": self.kind}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         tensors = {}
@@ -286,7 +290,7 @@ class WeightsUpdate:
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
                 flat = torch.from_numpy(array)
             tensors[name] = flat.view(getattr(torch, dtype)).view(shape)
-        self.version, self.tensors, self.checksum = state["version"], tensors, state["checksum"]
+        self.version, self.tensors, self.checksum, self.kind = state["version"], tensors, state["checksum"], state["kind"]
 
 
 @dataclass

@@ -1,11 +1,22 @@
 """A run's trained policy as a Hugging Face model directory (``reasonrl export`` and ``final/``).
 
     export_model(run_dir, out, step=None)            a run's checkpoint (default: the newest) -> out
+    export_model(run_dir, out, adapter=True)         a LoRA run's adapters as a peft adapter directory
     write_model_dir(module, tokenizer, out, source)  the one writer; PolicyWorker.export (final/) uses it too
+    merged_model(lora_module, model_dir, cfg)        a LoRA policy as the plain model, W + (alpha / r) B A
+
+A LoRA run (``model.lora.rank > 0``) checkpoints its adapters alone; its export is the merged
+model by default (the base model of the run's model directory with every adapter merged into
+its projection: a plain ``transformers`` directory, no ``peft`` needed to load it), and with
+``adapter=True`` (``reasonrl export --adapter``) the adapter directory ``peft`` writes
+(``adapter_config.json``, ``adapter_model.safetensors``; ``base_model_name_or_path`` is the
+run's model directory), which ``peft.PeftModel.from_pretrained(base, out)`` loads, with the
+tokenizer and ``reasonrl_export.json`` beside it.
 
 Layout of ``out``::
 
     config.json             the model's config (architecture, dtype: the dtype the policy was trained in)
+                            (adapter directory: adapter_config.json and adapter_model.safetensors instead)
     model.safetensors       the trained policy weights (sharded with an index for large models)
     generation_config.json  eos_token_id and pad_token_id: the ids the trainer stops on (the tokenizer's
                             EOS first, then those the source model's generation config lists) and pads with
@@ -37,6 +48,8 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 from reasonrl.checkpoint.store import CheckpointCorruptError, find_latest, fsync_dir, list_checkpoints, load_checkpoint
 from reasonrl.config import Config, load
 from reasonrl.models.loading import join_eos_ids, load_model, load_tokenizer
+from reasonrl.models.lora import adapter_tensors, load_adapters, load_policy, lora_config_of, merged_tensors
+from reasonrl.rollout.base import copy_weights
 from reasonrl.warmstart import resolve_model_dir
 from reasonrl.data.tokenizer import CHAT_TEMPLATE
 from reasonrl.errors import InputError, InputNotFound, error_line
@@ -57,38 +70,64 @@ PROBES = (
 """Texts the exported tokenizer, reloaded with plain AutoTokenizer, must tokenise as training did."""
 
 
-def export_model(run_dir: str | Path, out: str | Path, step: int | None = None, force: bool = False) -> Path:
-    """Write the policy of the run in ``run_dir`` to ``out`` as a Hugging Face model directory.
+def export_model(run_dir: str | Path, out: str | Path, step: int | None = None, force: bool = False,
+                 adapter: bool = False) -> Path:
+    """Write the policy of the run in ``run_dir`` to ``out`` as a Hugging Face model directory
+    (``adapter``: a LoRA run's adapter directory, see the module docstring).
 
     ``step=None``: the newest committed, valid checkpoint; a run with no such checkpoint but a
-    ``final/`` (the trainer's export at the end) is re-exported from ``final/``. ``step=N``:
-    ``checkpoints/step_N``, which must be committed and valid. The module's class, config and
-    tokenizer come from the model directory the run started from (``resolve_model_dir`` of the
-    run's ``config.yaml``), the weights from the checkpoint, in the dtype they were trained in
-    (``model.dtype``). InputError names the run directory and what is missing; see
-    :func:`write_model_dir` for what is written. ``out`` is refused (:func:`check_export_target`)
-    inside a run directory, and when it is not empty unless ``force`` (which replaces only a
-    previous export).
+    ``final/`` (the trainer's export at the end) is re-exported from ``final/`` (not with
+    ``adapter``: ``final/`` is merged). ``step=N``: ``checkpoints/step_N``, which must be
+    committed and valid. The module's class, config and tokenizer come from the model directory
+    the run started from (``resolve_model_dir`` of the run's ``config.yaml``), the weights (LoRA:
+    the adapters) from the checkpoint, in the dtype they were trained in (``model.dtype``).
+    InputError names the run directory and what is missing; see :func:`write_model_dir` for
+    what is written. ``out`` is refused (:func:`check_export_target`) inside a run directory,
+    and when it is not empty unless ``force`` (which replaces only a previous export).
     """
     run_dir = Path(run_dir)
     check_export_target(Path(out), force)  # before any weights are read
     cfg = _run_config(run_dir)
+    lora = cfg.model.lora.rank > 0
+    if adapter and not lora:
+        raise InputError(f"{run_dir}: --adapter exports LoRA adapters, and this run trained every parameter "
+                         f"(model.lora.rank = 0 in {run_dir / 'config.yaml'}); export without --adapter")
     checkpoint = select_checkpoint(run_dir, step)
     if checkpoint is None:
+        if adapter:
+            raise InputError(f"{run_dir}: no valid checkpoint holds the adapters ({_available(run_dir / 'checkpoints')}) "
+                             "and final/ is the merged model; export without --adapter")
         final = run_dir / "final"
         module = load_model(final, cfg.model.dtype)
         source = _previous_source(final)
         return write_model_dir(module, training_tokenizer(cfg, final), out, {**source, "exported_from": str(final)})
     weights, version = _policy_weights(run_dir, checkpoint)
     model_dir = resolve_model_dir(cfg)
-    module = load_model(model_dir, cfg.model.dtype)
+    module = load_policy(model_dir, cfg)
     try:
-        module.load_state_dict(weights)
-    except RuntimeError as err:
-        raise InputError(f"{checkpoint}: the policy weights do not fit the model in {model_dir} (model.path of "
-                         f"{run_dir / 'config.yaml'}): {error_line(err)}") from err
+        if lora:
+            load_adapters(module, weights)
+        else:
+            module.load_state_dict(weights)
+    except (RuntimeError, KeyError) as err:
+        raise InputError(f"{checkpoint}: the policy weights do not fit the model in {model_dir} (model.path and "
+                         f"model.lora of {run_dir / 'config.yaml'}): {error_line(err)}") from err
     source = {"base_model": str(model_dir), "checkpoint": str(checkpoint), "policy_version": version}
-    return write_model_dir(module, training_tokenizer(cfg, model_dir), out, source)
+    tokenizer = training_tokenizer(cfg, model_dir)
+    if adapter:
+        return write_adapter_dir(module, model_dir, cfg, tokenizer, out, source)
+    if lora:
+        module = merged_model(module, model_dir, cfg)
+    return write_model_dir(module, tokenizer, out, source)
+
+
+def merged_model(module: torch.nn.Module, model_dir: Path, cfg: Config) -> torch.nn.Module:
+    """The plain model of ``model_dir`` (``model.dtype``) holding the LoRA policy ``module``'s
+    weights with every adapter merged, ``W + (alpha / r) B A``
+    (:func:`~reasonrl.models.lora.merged_tensors`), on the CPU."""
+    plain = load_model(model_dir, cfg.model.dtype)
+    copy_weights(plain, {name: t.to("cpu") for name, t in merged_tensors(module).items()})
+    return plain
 
 
 def select_checkpoint(run_dir: Path, step: int | None) -> Path | None:
@@ -136,19 +175,55 @@ def write_model_dir(module: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
     InputError when ``out`` is a file or a non-empty directory that is not a previous export.
     Returns ``out``.
     """
-    out = Path(out)
+
+    def fill(tmp: Path) -> None:
+        module.save_pretrained(tmp)
+        _drop_missing_auto_map(tmp / "config.json")
+        tokenizer.save_pretrained(tmp)
+        generation_config(module, tokenizer).save_pretrained(tmp)
+        _write_marker(tmp, source)
+        check_tokenizer_reloads(tmp, tokenizer, out)
+
+    return _write_atomically(Path(out), fill)
+
+
+def write_adapter_dir(module: torch.nn.Module, model_dir: Path, cfg: Config, tokenizer: PreTrainedTokenizerBase,
+                      out: str | Path, source: dict[str, Any]) -> Path:
+    """Write the LoRA adapters of ``module`` to ``out`` atomically as ``peft`` saves them
+    (``adapter_config.json`` with ``base_model_name_or_path = model_dir``,
+    ``adapter_model.safetensors``), with ``tokenizer`` and ``reasonrl_export.json`` beside
+    them: ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), out)``
+    is the policy. The same target rules as :func:`write_model_dir`; returns ``out``."""
+    from peft import get_peft_model
+
+    config = copy.deepcopy(lora_config_of(module))
+    config.base_model_name_or_path = str(model_dir)
+    with torch.random.fork_rng(devices=[]):  # peft initialises adapters that are overwritten at once
+        peft_model = get_peft_model(load_model(model_dir, cfg.model.dtype), config)
+    load_adapters(peft_model.base_model.model, {name: t.to("cpu") for name, t in adapter_tensors(module).items()})
+
+    def fill(tmp: Path) -> None:
+        peft_model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _write_marker(tmp, {**source, "adapter": True})
+
+    return _write_atomically(Path(out), fill)
+
+
+def _write_marker(tmp: Path, source: dict[str, Any]) -> None:
+    marker = {"format": FORMAT, "format_version": FORMAT_VERSION, **source}
+    (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_atomically(out: Path, fill) -> Path:
+    """``fill(tmp)`` a hidden temporary directory beside ``out``, make it durable and rename it
+    to ``out`` (see the module docstring); the temporary directory never outlives the call."""
     check_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         tmp.mkdir()
-        module.save_pretrained(tmp)
-        _drop_missing_auto_map(tmp / "config.json")
-        tokenizer.save_pretrained(tmp)
-        generation_config(module, tokenizer).save_pretrained(tmp)
-        marker = {"format": FORMAT, "format_version": FORMAT_VERSION, **source}
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        check_tokenizer_reloads(tmp, tokenizer, out)
+        fill(tmp)
         _fsync_tree(tmp)
         _replace(tmp, out)
     finally:

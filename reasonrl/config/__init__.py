@@ -45,6 +45,7 @@ from reasonrl.config.schema import (
     DataConfig,
     EnvConfig,
     EvalConfig,
+    LoraConfig,
     ModelConfig,
     ResilienceConfig,
     ResumeConfig,
@@ -58,7 +59,8 @@ from reasonrl.config.schema import (
 
 __all__ = [
     "AlgoConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EnvConfig", "EvalConfig", "KeyHelp",
-    "LOGGING_KEYS", "ModelConfig", "RECIPES", "ResilienceConfig", "ResumeConfig", "RewardConfig", "RolloutConfig", "RunConfig",
+    "LOGGING_KEYS", "LoraConfig", "ModelConfig", "RECIPES", "ResilienceConfig", "ResumeConfig", "RewardConfig",
+    "RolloutConfig", "RunConfig",
     "RuntimeConfig", "SFTConfig", "TrainConfig", "config_hash", "dump", "dump_text", "field_docs", "flatten",
     "keys_help", "load", "load_recipe", "recipe_path", "to_dict", "validate",
 ]

@@ -26,15 +26,19 @@ class Capabilities:
     trainer_numerics: bool
     """Sampling runs the trainer's own forward code over the weights, so in fp32 the sampling
     log-probs are the trainer's (``train.old_logprobs=auto`` reuses them)."""
+    adapters: bool
+    """It samples with a torch module of its own that holds the LoRA layers (``load_adapters``),
+    so weight sync of a LoRA run (``model.lora.rank > 0``) ships the adapters only; a backend
+    without it is sent the merged weights (W + (alpha / r) B A)."""
 
 
 BACKENDS: dict[str, Capabilities] = {
-    "fast": Capabilities(continues=True, interrupts=True, streams=True, trainer_numerics=True),
-    "hf": Capabilities(continues=True, interrupts=False, streams=False, trainer_numerics=True),
-    "vllm": Capabilities(continues=False, interrupts=False, streams=False, trainer_numerics=False),
+    "fast": Capabilities(continues=True, interrupts=True, streams=True, trainer_numerics=True, adapters=True),
+    "hf": Capabilities(continues=True, interrupts=False, streams=False, trainer_numerics=True, adapters=True),
+    "vllm": Capabilities(continues=False, interrupts=False, streams=False, trainer_numerics=False, adapters=False),
     # sim: a latency model. It does not stream: the fleet polls streaming workers with waits of
     # real seconds, which a time-scaled simulation would stretch by 1 / rollout.sim_time_scale.
-    "sim": Capabilities(continues=False, interrupts=False, streams=False, trainer_numerics=False),
+    "sim": Capabilities(continues=False, interrupts=False, streams=False, trainer_numerics=False, adapters=False),
 }
 """``rollout.backend`` -> what it can do (the keys are ``RolloutConfig.backend``'s choices)."""
 
@@ -43,6 +47,7 @@ CAPABILITIES: dict[str, str] = {
     "interrupts": "be interrupted by new weights and go on with them",
     "streams": "report groups as they complete",
     "trainer_numerics": "sample with the trainer's own forward code",
+    "adapters": "load LoRA adapters into a module of its own",
 }
 """Capability -> what a backend that has it can do (the wording of every refusal)."""
 

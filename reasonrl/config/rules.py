@@ -66,6 +66,8 @@ def validate(cfg: Config) -> None:
              "must contain {output}, where the tool's output goes")
     _require(t.strategy != "fsdp" or cfg.run.device.startswith("cuda"), "train.strategy", t.strategy,
              f"FSDP shards over GPUs (nccl); on run.device = {cfg.run.device!r} use train.strategy=ddp")
+    _require(cfg.model.lora.rank == 0 or t.strategy != "fsdp", "model.lora.rank", cfg.model.lora.rank,
+             "LoRA adapters train with train.strategy=ddp (or one rank); FSDP sharding of adapters is not supported")
     _check_roles(cfg)
     _check_data(cfg)
     _check_faults(cfg)
@@ -193,6 +195,11 @@ _GROUP_RELATIVE = ("grpo", "rloo", "dr_grpo", "lite_ppo")
 
 _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "run.threads": _NON_NEGATIVE,
+    "model.lora.rank": _NON_NEGATIVE,
+    "model.lora.alpha": _POSITIVE,
+    "model.lora.dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "model.lora.target_modules": (lambda v: len(v) > 0 and all(isinstance(n, str) and n.strip() for n in v),
+                                  "a non-empty list of module names (e.g. [q_proj, v_proj])"),
     "run.log_every": _NON_NEGATIVE,
     "run.log_samples": _NON_NEGATIVE,
     "run.device": (lambda v: _DEVICE.fullmatch(v) is not None, "cpu, cuda, cuda:N or mps"),

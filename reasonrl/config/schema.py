@@ -46,6 +46,28 @@ class RunConfig:
     environment variable overrides it."""
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP projections of a Llama-family decoder: model.lora.target_modules' default."""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank r of the policy's adapters; 0: off (every parameter trains). Above 0, the
+    base weights are frozen and only the adapters (A [r, in], B [out, r] per target
+    projection, with the ``peft`` library: the ``lora`` extra) train and sit in the optimizer;
+    checkpoints hold the adapters. The reference and critic models stay as they are."""
+    alpha: float = 16.0
+    """LoRA alpha: the adapter's output is scaled by alpha / rank (W + (alpha / r) B A)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input in training forwards, in [0, 1). Above 0 the trainer scores
+    through the ``transformers`` modules (the lean decoder fuses W + (alpha / r) B A, which has
+    no dropout): slower on a CPU."""
+    target_modules: tuple[str, ...] = LORA_TARGETS
+    """Names of the projections that get adapters (peft's target_modules: a module whose name ends
+    in one of them). Default: the attention (q, k, v, o) and MLP (gate, up, down) projections."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = "embedded"
@@ -56,6 +78,8 @@ class ModelConfig:
     themselves in that dtype (half the memory of float32), where AdamW steps below half the
     dtype's spacing (bf16: 2^-8 of a weight) are rounded away and lost; train.precision=bf16-mixed
     keeps float32 parameters and runs the products in bf16 instead."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters on the policy (model.lora.rank > 0)."""
 
 
 DIFFICULTY_LEVELS = ("easy", "full", "hard")

@@ -30,6 +30,12 @@ Activation checkpointing: a layer whose ``transformers`` module has ``gradient_c
 set (``model.gradient_checkpointing_enable()``, ``train.grad_checkpointing``) keeps only its
 input during a training forward and recomputes the rest in backward.
 
+LoRA adapters (:mod:`reasonrl.models.lora`, peft layers on the projections): each fused
+projection is the merged ``W + (alpha / r) B A``, rebuilt by every :meth:`LeanDecoder.fuse`, so
+gradients reach ``A`` and ``B`` and generation sees the adapters as they are. LoRA dropout is
+not applied (the trainer scores through ``transformers`` while it is active,
+:func:`reasonrl.models.lora.dropout_active`).
+
 Supported: ``llama``, ``qwen2`` and ``qwen3`` configurations with full attention, SiLU
 MLPs and no dropout (:func:`unsupported_reason` says why another is not); anything else
 runs through the ``transformers`` modules (``rollout.backend=hf``, and the generic scoring
@@ -46,6 +52,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from reasonrl.models.lora import lora_layers, lora_weight
+
 # Attention kernels for prefill and scoring, whose sequence lengths change every batch:
 # cuDNN's (the default for bf16 on recent NVIDIA GPUs) is left out because it builds a plan
 # for each new shape: scoring 128 responses of a 0.5B model in bf16 on an H200 took
@@ -53,6 +61,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+FUSED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The projections :meth:`LeanDecoder.fuse` reads: a LoRA adapter may sit on any of them."""
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -73,6 +84,9 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     for key, (wanted, got) in checks.items():
         if got != wanted:
             return f"config.{key} = {got!r} (supported: {wanted!r})"
+    for name, _ in lora_layers(model):
+        if name.rsplit(".", 1)[-1] not in FUSED_PROJECTIONS:
+            return f"a LoRA adapter on {name} (model.lora.target_modules: the lean decoder merges adapters on {', '.join(FUSED_PROJECTIONS)})"
     return None
 
 
@@ -235,17 +249,18 @@ class LeanDecoder:
             return torch.cat([cast(t, dtype) for t in tensors])
 
         layers = []
+        w = lora_weight  # a projection's weight, LoRA adapters merged: W + (alpha / r) B A
         for layer in self.body.layers:
             attn, mlp = layer.self_attn, layer.mlp
             biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
             layers.append(
                 FusedLayer(
-                    qkv_weight=cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                    qkv_weight=cat([w(attn.q_proj), w(attn.k_proj), w(attn.v_proj)]),
                     qkv_bias=None if biases[0] is None else cat(biases),
-                    o_weight=cast(attn.o_proj.weight, dtype),
+                    o_weight=cast(w(attn.o_proj), dtype),
                     o_bias=cast(attn.o_proj.bias, dtype),
-                    gate_up_weight=cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                    down_weight=cast(mlp.down_proj.weight, dtype),
+                    gate_up_weight=cat([w(mlp.gate_proj), w(mlp.up_proj)]),
+                    down_weight=cast(w(mlp.down_proj), dtype),
                     ln1=layer.input_layernorm.weight,
                     ln2=layer.post_attention_layernorm.weight,
                     qk_norm=torch.cat(  # a norm weight: the parameters' dtype

@@ -51,6 +51,10 @@ class RolloutBackend(Protocol):
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Sample with these parameters (name -> tensor, as ``named_parameters``) from now on."""
 
+    # A backend with the ``adapters`` capability also has
+    # ``load_adapters(tensors)``: sample with these LoRA adapters (name -> tensor, the adapter
+    # parameters of its module, :func:`reasonrl.models.lora.load_adapters`) from now on.
+
 
 def generate_for(generator, prompts: list[Prompt], ids: list[list[int]], n: int, params: SamplingParams,
                  seeds: Sequence[int]) -> RolloutBatch:

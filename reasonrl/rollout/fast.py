@@ -36,6 +36,7 @@ import torch
 
 from reasonrl.models.decoder import KVCache, LeanDecoder
 from reasonrl.errors import InputError
+from reasonrl.models.lora import load_adapters
 from reasonrl.rollout.base import copy_weights, declares
 from reasonrl.rollout.hf import (
     Continuation,
@@ -142,6 +143,9 @@ class FastGenerator:
 
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         copy_weights(self.model, tensors)
+
+    def load_adapters(self, tensors: dict[str, torch.Tensor]) -> None:
+        load_adapters(self.model, tensors)
 
     def generate(
         self,

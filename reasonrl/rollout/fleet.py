@@ -792,7 +792,9 @@ class RolloutFleet:
         docstring). Returns ``weight_sync/bytes``, the tensor bytes sent to all of them, and
         ``weight_sync/delta_frac``, those bytes over their count times one whole version's
         (in the dtype versions ship in): the mean over the workers of the fraction each was
-        sent. Both are 0 without a sender (nothing is copied)."""
+        sent. Both are 0 without a sender (nothing is copied). A LoRA run's versions add
+        ``weight_sync/adapter_only``: 1 when they are the adapters alone, 0 when merged weights
+        (:attr:`~reasonrl.types.WeightsUpdate.kind`)."""
         began = time.perf_counter()
         with self._cond:
             self.current = current or self.current
@@ -807,10 +809,11 @@ class RolloutFleet:
             if self.sender is not None:
                 self.sender.held((w, pids[w]), update)
         self.weight_sync_s = time.perf_counter() - began
+        lora = {} if update.kind == "full" else {"weight_sync/adapter_only": float(update.kind == "adapters")}
         if self.sender is None or not workers:
-            return {"weight_sync/bytes": 0.0, "weight_sync/delta_frac": 0.0}
+            return {"weight_sync/bytes": 0.0, "weight_sync/delta_frac": 0.0, **lora}
         sent = float(sum(weights_bytes(m) for m in messages))
-        return {"weight_sync/bytes": sent, "weight_sync/delta_frac": sent / (len(workers) * weights_bytes(update))}
+        return {"weight_sync/bytes": sent, "weight_sync/delta_frac": sent / (len(workers) * weights_bytes(update)), **lora}
 
     def _on_workers(self, workers: list[int], method: str, arg) -> None:
         """``method(arg)`` on each of ``workers``, each waited for; a worker that dies or hangs

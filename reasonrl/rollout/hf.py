@@ -19,6 +19,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import torch
 
+from reasonrl.models.lora import load_adapters
 from reasonrl.rollout.base import copy_weights, declares
 from reasonrl.rollout.seeds import check_seeds, row_seeds, uniforms
 from reasonrl.types import RolloutBatch, SamplingParams
@@ -334,6 +335,9 @@ class HFGenerator:
 
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         copy_weights(self.model, tensors)
+
+    def load_adapters(self, tensors: dict[str, torch.Tensor]) -> None:
+        load_adapters(self.model, tensors)
 
     def generate(
         self,

@@ -64,6 +64,9 @@ class PartialRollouts:
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         self.fast.load_weights(tensors)
 
+    def load_adapters(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.fast.load_adapters(tensors)
+
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seeds: Sequence[int]) -> RolloutBatch:
         """``n`` samples per prompt; see :class:`~reasonrl.rollout.base.RolloutBackend`."""
         return self.generate_stream(prompts, n, params, seeds, lambda groups, rows: False).batch

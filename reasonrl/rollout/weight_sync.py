@@ -87,7 +87,7 @@ def snapshot(update: WeightsUpdate, dtype: torch.dtype) -> WeightsUpdate:
     """An exact copy of ``update``'s tensors in ``dtype`` (round to nearest even), on the CPU
     and owned (never a view of the trainer's parameters), with its checksum."""
     tensors = {name: t.detach().to(device="cpu", dtype=dtype, copy=True).contiguous() for name, t in update.tensors.items()}
-    return WeightsUpdate(update.version, tensors, checksum(tensors))
+    return WeightsUpdate(update.version, tensors, checksum(tensors), update.kind)
 
 
 def weights_bytes(message: WeightsUpdate | WeightsDelta) -> int:
@@ -164,7 +164,7 @@ def apply_delta(held: WeightsUpdate | None, delta: WeightsDelta) -> WeightsUpdat
             _bits(t)[at] = delta.values[v : v + k]
             tensors[name] = t
             c, o, v = c + blocks, o + k, v + k
-    made = WeightsUpdate(delta.version, tensors, checksum(tensors))
+    made = WeightsUpdate(delta.version, tensors, checksum(tensors), held.kind)
     if made.checksum != delta.checksum:
         raise WeightSyncError(f"weights version {delta.version}: the delta applied to version {delta.base} gives "
                               f"checksum {made.checksum}, expected {delta.checksum}")

@@ -7,8 +7,9 @@ sampling log-probs for the same weights.
 Two forward paths compute the same function: models that :class:`~reasonrl.models.decoder.LeanDecoder`
 supports (Llama, Qwen2, Qwen3) encode each distinct prompt of a micro-batch once (the
 ``n`` samples of a prompt share it) and run the LM head only where a response token is
-predicted; any other causal LM runs through its ``transformers`` forward on the rows
-trimmed to their own longest prompt and response.
+predicted; any other causal LM, and a LoRA model in a training forward with adapter dropout
+(``model.lora.dropout > 0``), runs through its ``transformers`` forward on the rows trimmed to
+their own longest prompt and response.
 
 :func:`micro_batches` splits a batch for forward/backward either into fixed-size slices or,
 with a token budget, into length-sorted slices whose padded size stays under the budget:
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 from reasonrl.algo import entropy_from_logits, token_logprobs
 from reasonrl.models.decoder import LeanDecoder, unsupported_reason
+from reasonrl.models.lora import dropout_active
 from reasonrl.types import RolloutBatch
 
 
@@ -62,7 +64,7 @@ def response_hidden(decoder: LeanDecoder, rollout: RolloutBatch, rows: torch.Ten
 
 def response_logits(model: torch.nn.Module, rollout: RolloutBatch, rows: torch.Tensor, temperature: float) -> tuple[torch.Tensor, int]:
     """``(logits / temperature at the positions that predict each response token [b, T', V], T')``."""
-    if unsupported_reason(model) is None:
+    if unsupported_reason(model) is None and not dropout_active(model):
         decoder = LeanDecoder(model)
         hidden, T = response_hidden(decoder, rollout, rows)
         head = model.lm_head

@@ -262,7 +262,8 @@ def update_policy(
         return loss, shares, metrics
 
     model.train()
-    out = minibatch_steps(list(model.parameters()), optimizer, batch.loss_mask, lengths, algo.loss_agg, train, micro_loss, active, dp)
+    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    out = minibatch_steps(params, optimizer, batch.loss_mask, lengths, algo.loss_agg, train, micro_loss, active, dp)
     trained = batch.loss_mask if active is None else batch.loss_mask * active[:, None]
     out["trained_tokens"] = float(trained.sum())
     out["trained_rows_frac"] = 1.0 if active is None else float(active.float().mean())

@@ -12,6 +12,7 @@ import torch
 from reasonrl.config import Config
 from reasonrl.config.capabilities import can
 from reasonrl.models.loading import load_eos_ids, load_model, load_tokenizer, model_vocab_size
+from reasonrl.models.lora import load_policy, ships_adapters
 from reasonrl.env.pool import EnvPool
 from reasonrl.precision import compute_context
 from reasonrl.rollout.agent_loop import AgentLoop
@@ -71,7 +72,10 @@ class RolloutWorker:
     synchronous mode: sampling then sees each update at once, and :meth:`load_weights`
     only records the version. Without it the worker holds weights of its own, loaded from
     ``model_dir`` and replaced by every :meth:`load_weights` (the asynchronous rollout
-    process never touches the trainer's module).
+    process never touches the trainer's module). In a LoRA run (``model.lora.rank > 0``) with
+    a backend that loads adapters, that module holds the policy's LoRA layers and each version
+    (``kind="adapters"``) replaces the adapters alone; otherwise versions are whole
+    (``full``, or ``merged`` LoRA weights).
 
     Weights reach the worker in two ways: :meth:`load_weights` now, or
     :meth:`offer_weights` from any thread, which leaves them for the next generation call
@@ -92,7 +96,11 @@ class RolloutWorker:
         tokenizer = load_tokenizer(model_dir)
         self.shares_weights = module is not None
         if module is None and cfg.rollout.backend not in ("vllm", "sim"):  # these load no module here
-            module = load_model(model_dir, cfg.model.dtype, cfg.run.device)
+            # a LoRA run's versions are its adapters (the module holds the same LoRA layers) or merged weights
+            if ships_adapters(cfg):
+                module = load_policy(model_dir, cfg, cfg.run.device)
+            else:
+                module = load_model(model_dir, cfg.model.dtype, cfg.run.device)
         self.module = module
         """The module the backend samples with (the policy's own, or this worker's copy); None for vLLM and sim."""
         self.eos_ids = load_eos_ids(model_dir, tokenizer)
@@ -166,7 +174,10 @@ class RolloutWorker:
 
     def _load(self, update: WeightsUpdate) -> None:
         if not self.shares_weights:
-            self.backend.load_weights(update.tensors)
+            if update.kind == "adapters":
+                self.backend.load_adapters(update.tensors)
+            else:
+                self.backend.load_weights(update.tensors)
         self.version = update.version
 
     def load_staged(self, version: int) -> None:

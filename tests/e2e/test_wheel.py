@@ -77,7 +77,7 @@ def test_wheel_installs_and_trains_from_its_own_recipes(tmp_path):
     # a name that is no recipe: exit 2, and the message names the recipes there are
     proc = subprocess.run([venv / "bin" / "reasonrl", "train", "nosuch"], capture_output=True, text=True, timeout=120,
                           cwd=work, env=env)
-    assert proc.returncode == 2 and "nosuch" in proc.stderr and "dapo, dapo_async, dr_grpo, grpo" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "nosuch" in proc.stderr and "dapo, dapo_async, dapo_lora, dr_grpo, grpo" in proc.stderr, proc.stderr
 
     # 2 supervised DAPO steps by name (the supervisor's child is `python -m reasonrl.cli` of the
     # fresh venv too), with the wheel's recipe; the warm start from the user's cache. One

@@ -65,3 +65,34 @@ def test_rollout_workers_hold_the_trainers_weights_bit_for_bit_after_20_delta_up
             # the worker's module (fp32 under bf16-mixed) holds exactly the bf16 values
             assert torch.equal(t.to(torch.bfloat16).view(torch.int16), expected[name].view(torch.int16)), (step, version, name)
             assert torch.equal(t, expected[name].to(t.dtype)), (step, version, name)
+
+
+@pytest.mark.parametrize("extra", [[], ["train.precision=bf16-mixed"]])
+def test_a_lora_run_ships_the_adapters_alone_and_workers_hold_the_trainers(model_dir, tmp_path, extra):
+    """model.lora.rank > 0 with a rollout worker process (the fast backend loads adapters):
+    each version is the adapters alone (``weight_sync/adapter_only`` 1), ``weight_sync/bytes``
+    their real bytes (fp32 whole, or a bf16 delta), and the worker holds the trainer's adapters."""
+    from reasonrl.models.lora import adapter_tensors
+
+    steps = 3
+    cfg = load(None, [*tiny_run(model_dir, tmp_path, steps), "model.lora.rank=4", "train.lr=1e-2", "run.threads=1",
+                      "rollout.mode=async", "rollout.max_staleness=0", "checkpoint.every_steps=0", "checkpoint.every_minutes=0", *extra])
+    controller = Watched(cfg)
+    controller.run()
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "weight_sync/bytes" in r]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    adapters = adapter_tensors(controller.rank0.module)
+    whole = sum(t.numel() for t in adapters.values()) * (2 if extra else 4)
+    assert all(r["weight_sync/adapter_only"] == 1.0 for r in rows)
+    if extra:  # bf16 deltas of the adapters: never more than the adapters whole
+        assert all(0 < r["weight_sync/bytes"] <= whole for r in rows)
+    else:
+        assert all(r["weight_sync/bytes"] == whole for r in rows)
+    everything = sum(p.numel() for p in controller.rank0.module.parameters()) * 4
+    assert whole < everything / 4  # rank 4 on a 32-wide model: a small part of it
+    step, version, tensors = controller.seen[-1]
+    trainer = controller.trainer[version]
+    for name, t in tensors.items():
+        if ".lora_" in name:
+            assert torch.equal(t.to(trainer[name].dtype), trainer[name]), name
+    assert any(not torch.equal(trainer[n], controller.trainer[0][n]) for n in trainer if ".lora_B." in n)  # trained

@@ -223,3 +223,54 @@ def test_auto_map_entries_without_their_code_file_are_dropped(tmp_path):
     path.write_text(json.dumps({"auto_map": {"AutoModel": "modeling_gone.M"}, "x": 1}))
     export._drop_missing_auto_map(path)
     assert json.loads(path.read_text()) == {"x": 1}
+
+
+@pytest.fixture(scope="module")
+def lora_run(model_dir, tmp_path_factory):
+    """A 2-step LoRA run (rank 4, a learning rate that moves the adapters) on the tiny model."""
+    run = tmp_path_factory.mktemp("export-lora-run")
+    Controller(load(None, [*tiny_run(model_dir, run, steps=2), "checkpoint.every_steps=1", "model.lora.rank=4",
+                           "train.lr=5e-2"])).run()
+    return run
+
+
+def test_a_lora_run_exports_the_merged_model_that_plain_transformers_loads_and_generates_with(lora_run, model_dir, tmp_path):
+    from reasonrl.models.lora import load_adapters, load_policy
+
+    checkpoint = load_file(lora_run / "checkpoints/step_2/policy.safetensors")
+    assert checkpoint and all(".lora_A." in k or ".lora_B." in k for k in checkpoint)  # the adapters alone
+    out = export_model(lora_run, tmp_path / "merged")
+    assert "adapter_config.json" not in {p.name for p in out.iterdir()}
+    merged = AutoModelForCausalLM.from_pretrained(out)  # plain transformers, no peft
+    assert not any("lora" in name or "base_layer" in name for name, _ in merged.named_parameters())
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    policy = load_policy(model_dir, load(lora_run / "config.yaml"))
+    load_adapters(policy, checkpoint)
+    torch.testing.assert_close(logits(merged), logits(policy), atol=1e-5, rtol=1e-5)
+    assert (logits(merged) - logits(base)).abs().max() > 1e-3  # training moved it
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = tok("12+3=?\n", return_tensors="pt")
+    generated = merged.generate(**ids, max_new_tokens=6, do_sample=False)
+    assert generated.shape[1] > ids["input_ids"].shape[1]
+    final = load_file(lora_run / "final/model.safetensors")  # final/ is the merged model too
+    exported = load_file(out / "model.safetensors")
+    assert final.keys() == exported.keys() and all(torch.equal(final[k], exported[k]) for k in final)
+
+
+def test_a_lora_run_exports_its_adapter_directory_that_peft_loads(lora_run, model_dir, tmp_path):
+    from peft import PeftModel
+
+    from reasonrl.cli import main
+
+    out = tmp_path / "adapter"
+    assert main(["export", str(lora_run), str(out), "--adapter"]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", MARKER} <= names
+    assert "model.safetensors" not in names
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (4, 16.0, str(model_dir))
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), out).eval()
+    merged = AutoModelForCausalLM.from_pretrained(export_model(lora_run, tmp_path / "merged"))
+    torch.testing.assert_close(logits(peft), logits(merged), atol=1e-5, rtol=1e-5)
+    with pytest.raises(InputError, match=r"--adapter exports LoRA adapters, and this run trained every parameter"):
+        export_model(fake_run(tmp_path, model_dir), tmp_path / "no", adapter=True)

@@ -104,6 +104,38 @@ def test_resumed_run_with_the_adaptive_mix_and_the_curriculum_ends_with_the_same
     assert [sorted(h["accuracy"]) for h in whole.source.held_out] == [["embedded/add", "embedded/mul", "embedded/sum"]]
 
 
+def test_a_lora_run_killed_with_sigkill_resumes_bit_identically(model_dir, tmp_path):
+    """model.lora.rank=4: the checkpoints hold the adapters alone (and AdamW over them); a run
+    SIGKILLed in its update at step 3 and restarted by the supervisor from step 2's checkpoint
+    ends with the adapters, and the metric rows, of a run never stopped."""
+    import subprocess
+    import sys
+
+    settings = ["model.lora.rank=4", "train.lr=1e-2", "train.total_steps=4", "checkpoint.every_steps=1", "checkpoint.keep=5",
+                "resilience.backoff_s=0.05"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    from reasonrl.cli import RECIPES
+
+    Controller(load(RECIPES / "grpo.yaml", [*tiny_run(model_dir, straight), *settings])).run()
+    command = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, killed), *settings,
+               "faults=[sigkill@3:stage=update_actor]"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = read_jsonl(killed / "events.jsonl")
+    assert [e["signal"] for e in events if e["kind"] == "killed"] == ["SIGKILL"]
+    assert [e["from_step"] for e in events if e["kind"] == "recovered"] == [2]
+    a = load_file(straight / "checkpoints/step_4/policy.safetensors")
+    b = load_file(killed / "checkpoints/step_4/policy.safetensors")
+    assert a.keys() == b.keys() and a and all(".lora_A." in k or ".lora_B." in k for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    first = load_file(straight / "checkpoints/step_1/policy.safetensors")
+    assert any(not torch.equal(first[k], a[k]) for k in a if ".lora_A." in k)  # A trains too, once B has moved
+    drop = lambda r: {k: v for k, v in r.items() if not k.startswith("timing_s/") and not k.endswith("/busy_s") and k not in ("time", "ettr", "time_lost_s", "mttr_s", "perf/throughput", "perf/max_memory_gb")}
+    assert [drop(r) for r in read_jsonl(straight / "metrics.jsonl")] == [drop(r) for r in read_jsonl(killed / "metrics.jsonl")]
+    final = load_model(killed / "final")  # the merged model
+    assert not any("lora" in name for name, _ in final.named_parameters())
+
+
 def test_resume_with_an_incompatible_config_is_refused(model_dir, tmp_path):
     Controller(config(model_dir, tmp_path, "train.total_steps=1")).run()
     with pytest.raises(ResumeError, match="different configuration"):

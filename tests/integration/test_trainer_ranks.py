@@ -270,3 +270,40 @@ def test_fsdp_on_one_gpu_computes_the_single_rank_update(model_dir, tmp_path, dt
             torch.testing.assert_close(weights.tensors[name].to(p.device), p.detach(), rtol=rtol, atol=1e-5)
     finally:
         group.close()
+
+
+def test_two_lora_ranks_compute_the_single_rank_update(model_dir, tmp_path):
+    """model.lora.rank > 0 under ddp: the ranks all-reduce the adapters' gradients alone and
+    end with the single rank's adapters; the frozen base does not move."""
+    torch.use_deterministic_algorithms(True)
+    cfg = config(model_dir, tmp_path, "model.lora.rank=4", "train.lr=1e-2")
+
+    def launch(rank: int):
+        if rank == 0:
+            return LocalGroup([tunable_rank(cfg, model_dir, 0, 2, tmp_path / "trace")])
+        return ProcessGroup(tunable_rank, [(cfg, model_dir, rank, 2, tmp_path / "trace")], name=f"rank{rank}", timeout_s=60)
+
+    group = RankGroup(launch, 2, timeout_s=60)
+    try:
+        single = PolicyWorker(cfg, model_dir)
+        before = {name: p.detach().clone() for name, p in single.module.named_parameters()}
+        for step in (1, 2):  # the second step moves A too (B is no longer 0)
+            batch = train_batch(seed=step)
+            expected = single.update(batch, 1e-2)
+            got = group.call("update", batch, 1e-2, step=step)
+            assert got[0]["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+        w0, w1 = group.call("own_weights")
+        adapters = [name for name in before if ".lora_" in name]
+        for name, p in single.module.named_parameters():
+            assert torch.equal(w1[name], w0[name]), name  # the ranks hold the same weights
+            if name not in adapters:
+                assert torch.equal(w0[name], before[name]) and torch.equal(p.detach(), before[name]), name  # frozen
+        flat = lambda weights: torch.cat([weights[n].flatten() for n in adapters])  # noqa: E731
+        one = flat({n: p.detach() for n, p in single.module.named_parameters()})
+        change, gap = one - flat(before), flat(w0) - one
+        assert all(not torch.equal(w0[n], before[n]) for n in adapters)  # A and B both trained
+        # as in the test above: vectors to 1e-6 relative, the change to 1e-4 (AdamW's early steps
+        # divide by |g| + eps, which turns the rounding of a near-zero gradient into part of a step)
+        assert float(gap.norm() / one.norm()) < 1e-6 and float(gap.norm() / change.norm()) < 1e-4
+    finally:
+        group.close()

@@ -202,6 +202,13 @@ def test_missing_recipe(tmp_path):
         (["data.difficulty.chain=hard"], "data.difficulty.chain = 'hard': 'chain' is not one of data.families ['add', 'mul', 'sum']"),
         (["data.source=rows.jsonl", "data.difficulty.add=easy"],
          "data.difficulty.add = 'easy': difficulty levels are the embedded task's (data.source=embedded)"),
+        (["model.lora.rank=-1"], "model.lora.rank = -1: must be >= 0"),
+        (["model.lora.alpha=0"], "model.lora.alpha = 0.0: must be > 0"),
+        (["model.lora.dropout=1"], "model.lora.dropout = 1.0: must be in [0, 1)"),
+        (["model.lora.target_modules=[]"], "model.lora.target_modules = (): must be a non-empty list of module names"),
+        (["model.lora.target_modules=[q_proj, ' ']"], "model.lora.target_modules = ('q_proj', ' '): must be a non-empty list"),
+        (["model.lora.rank=8", "train.strategy=fsdp", "run.device=cuda"],
+         "model.lora.rank = 8: LoRA adapters train with train.strategy=ddp (or one rank)"),
     ],
 )
 def test_validation_errors(overrides, expected):
@@ -343,7 +350,7 @@ def test_every_refusal_left_in_the_rules_is_about_a_value_or_a_backend():
     refused = sorted({c.args[1].value for c in calls if isinstance(c.args[1], ast.Constant)})
     assert refused == sorted([
         "algo.eps_high", "algo.overlong_buffer", "env.tool_call_pattern", "env.tool_response_format", "model.dtype",
-        "rollout.backend", "rollout.interrupt", "rollout.max_staleness", "rollout.n", "sft.heads", "sft.kv_heads",
+        "model.lora.rank", "rollout.backend", "rollout.interrupt", "rollout.max_staleness", "rollout.n", "sft.heads", "sft.kv_heads",
         "train.gen_prompts_per_step", "train.micro_batch_size", "train.mini_batch_size", "train.old_logprobs",
         "train.strategy",
     ]), refused
@@ -412,8 +419,10 @@ def test_the_backend_refusals_follow_the_table(monkeypatch):
     interrupts, and the rules accept it; take them from fast, and they refuse it."""
     from reasonrl.config import capabilities as C
 
-    monkeypatch.setitem(C.BACKENDS, "vllm", C.Capabilities(continues=True, interrupts=True, streams=False, trainer_numerics=False))
-    monkeypatch.setitem(C.BACKENDS, "fast", C.Capabilities(continues=False, interrupts=False, streams=True, trainer_numerics=True))
+    monkeypatch.setitem(C.BACKENDS, "vllm", C.Capabilities(continues=True, interrupts=True, streams=False, trainer_numerics=False,
+                                                                   adapters=False))
+    monkeypatch.setitem(C.BACKENDS, "fast", C.Capabilities(continues=False, interrupts=False, streams=True, trainer_numerics=True,
+                                                                   adapters=True))
     validate(load(None, ["env.name=grid", "rollout.backend=vllm"]))
     validate(load(None, ["rollout.mode=async", "rollout.interrupt=true", "rollout.backend=vllm"]))
     assert "(env.name = 'grid' needs a backend that can: hf, vllm)" in error(None, ["env.name=grid"])

@@ -14,7 +14,7 @@ import transformers
 from reasonrl.models.decoder import LeanDecoder, unsupported_reason
 from reasonrl.rollout.fast import FastGenerator
 from reasonrl.rollout.hf import HFGenerator
-from reasonrl.trainer.logprobs import compute_logprobs, micro_batches, response_hidden, shared_prefix_inputs
+from reasonrl.trainer.logprobs import compute_logprobs, micro_batches, policy_logprobs, response_hidden, shared_prefix_inputs
 from reasonrl.types import SamplingParams
 from tests.conftest import synthetic_rollout
 from tests.unit.test_rollout_hf import seeds
@@ -186,3 +186,78 @@ def test_bfloat16_models_stay_close_to_transformers():
     assert fast.logprobs.dtype == torch.float32
     # bf16 rounding may flip a near tie late in a sequence: the first tokens agree.
     assert torch.equal(fast.response_ids[:, :2], hf.response_ids[:, :2])
+
+
+def with_lora(model: torch.nn.Module, targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+              dropout: float = 0.0) -> torch.nn.Module:
+    """``model`` with rank-4 LoRA adapters (alpha 8) on ``targets``, B drawn at random (peft
+    starts it at 0, where an adapter would change nothing)."""
+    from reasonrl.config.schema import LoraConfig
+    from reasonrl.models.lora import apply_lora
+
+    apply_lora(model, LoraConfig(rank=4, alpha=8.0, dropout=dropout, target_modules=tuple(targets)), seed=0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
+    return model
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama-bias"])
+def test_lora_logits_and_adapter_gradients_match_peft(family):
+    """The fused W + (alpha / r) B A gives peft's forward, and the adapters' gradients; the
+    frozen base gets none."""
+    model = with_lora(build(family)).eval()
+    assert unsupported_reason(model) is None
+    rollout = grouped_rollout()
+    mask = rollout.response_mask.bool()
+    hidden, T = response_hidden(LeanDecoder(model), rollout, torch.arange(8))
+    ours = torch.nn.functional.linear(hidden, model.lm_head.weight, model.lm_head.bias)
+    theirs = hf_response_logits(model, rollout)[:, :T]
+    torch.testing.assert_close(ours[mask[:, :T]], theirs[mask[:, :T]], atol=1e-5, rtol=1e-5)
+    base = build(family).eval()
+    moved = (hf_response_logits(base, rollout)[:, :T] - theirs)[mask[:, :T]].abs().max()
+    assert moved > 1e-2  # the adapters change the function
+
+    weights = torch.randn(theirs.shape, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for logits in (ours, theirs):
+        model.zero_grad()
+        (logits.log_softmax(-1) * weights * mask[:, :T, None]).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert set(grads[0]) == set(grads[1]) == {n for n, p in model.named_parameters() if ".lora_" in n}
+    for name, theirs_grad in grads[1].items():
+        scale = float(theirs_grad.abs().max())
+        assert scale > 0, name
+        torch.testing.assert_close(grads[0][name], theirs_grad, atol=1e-5 * scale, rtol=0, msg=name)
+
+
+def test_lora_greedy_decoding_matches_peft_generate():
+    model = with_lora(build("qwen2")).eval()
+    prompts = [[3, 9, 14], [7, 2, 30, 4, 5], [22, 8], [11, 12, 13, 17, 19, 23]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    hf = HFGenerator(model, 0, 1).generate(prompts, 2, params, seeds(prompts))
+    fast = FastGenerator(model, 0, 1).generate(prompts, 2, params, seeds(prompts))
+    assert torch.equal(fast.response_ids, hf.response_ids)
+    torch.testing.assert_close(fast.logprobs, hf.logprobs, atol=1e-5, rtol=0)
+
+
+def test_lora_outside_the_fused_projections_or_with_dropout_takes_the_transformers_path():
+    head = with_lora(build("qwen2"), targets=("q_proj", "lm_head"))
+    assert "a LoRA adapter on lm_head" in unsupported_reason(head)
+    rollout = grouped_rollout()
+    model = with_lora(build("qwen2"), dropout=0.5)
+    assert unsupported_reason(model) is None  # generation (eval mode) fuses the adapters
+    model.eval()
+    first = compute_logprobs(model, rollout, temperature=1.0, micro_batch_size=8)
+    torch.testing.assert_close(compute_logprobs(model, rollout, temperature=1.0, micro_batch_size=8), first)
+    model.train()  # a training forward with dropout: the transformers path, other draws each pass
+    torch.manual_seed(0)
+    rows = torch.arange(8)
+    a, _, T = policy_logprobs(model, rollout, rows, 1.0, with_entropy=False)
+    b, _, _ = policy_logprobs(model, rollout, rows, 1.0, with_entropy=False)
+    mask = rollout.response_mask[:, :T].bool()
+    assert not torch.equal(a[mask], b[mask]) and not torch.equal(a[mask], first[:, :T][mask])
+    model.eval()  # without dropout the same call takes the fused path again
+    c, _, _ = policy_logprobs(model, rollout, rows, 1.0, with_entropy=False)
+    torch.testing.assert_close(c.detach() * mask, first[:, :T], atol=1e-5, rtol=0)

@@ -61,6 +61,41 @@ def test_estimate_parts_by_hand():
     assert own.peak == fixed + e.parts["activations"] + e.parts["LM head"] + 2 * (4 * N + half + e.parts["runtime"])
 
 
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_lora_parameter_counts_are_peft_s(family):
+    from reasonrl.config.schema import LoraConfig
+    from reasonrl.models.lora import apply_lora
+
+    model = build(family)
+    shape = ModelShape.from_config(model.config.to_dict())
+    targets = ("q_proj", "v_proj", "down_proj")
+    apply_lora(model, LoraConfig(rank=3, target_modules=targets), seed=0)
+    adapters = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    adapted = sum(p.numel() for n, p in model.named_parameters() if n.endswith("base_layer.weight"))
+    assert shape.lora_parameters(3, targets) == (adapters, adapted)
+
+
+def test_a_lora_policy_counts_its_adapters_and_trains_only_them():
+    from reasonrl.config.schema import LoraConfig
+
+    cfg = load(None, ["data.max_prompt_len=32", "rollout.max_new_tokens=32", "rollout.n=4", "train.prompts_per_step=8",
+                      "train.mini_batch_size=32", "train.micro_batch_size=8", "train.micro_batch_tokens=0",
+                      "algo.kl_loss_coef=0", "algo.dynamic_sampling=false", "runtime.roles.rollout.colocate=none",
+                      "model.lora.rank=4"])
+    N = SHAPE.parameters()
+    # per layer: q 64 -> 64, k and v 64 -> 32, o 64 -> 64, gate and up 64 -> 128, down 128 -> 64
+    A = 2 * 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 128) + (128 + 64))
+    P = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128)
+    assert SHAPE.lora_parameters(4, cfg.model.lora.target_modules) == (A, P)
+    lora = estimate_memory(cfg, SHAPE, 16)
+    full = estimate_memory(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=LoraConfig())), SHAPE, 16)
+    assert lora.parts["gradients+AdamW"] == 12 * A and full.parts["gradients+AdamW"] == 12 * N
+    assert lora.parts["LoRA adapters+merged"] == 4 * (A + P) and full.parts["LoRA adapters+merged"] == 0
+    assert lora.parts["weights"] == full.parts["weights"] == 4 * N
+    assert lora.parts["rollout workers"] == full.parts["rollout workers"] + 4 * A  # the worker's own adapters (fast)
+    assert lora.peak - full.peak == 12 * A - 12 * N + 4 * (A + P) + 4 * A
+
+
 def test_a_step_that_cannot_fit_is_an_error_naming_what_to_change():
     cfg = load(None, ["train.prompts_per_step=100000", "train.mini_batch_size=800000", "rollout.n=8"])
     big = ModelShape(vocab=150000, hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, intermediate=11008, tied=False)

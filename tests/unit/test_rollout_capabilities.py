@@ -31,11 +31,13 @@ def test_a_backend_class_declares_its_row_of_the_table(name):
 
 def test_the_capabilities_match_what_the_classes_implement():
     """continues: a ``start`` (a continuation); streams: a ``generate_stream``; interrupts: the
-    fast decode loop that PartialRollouts drives (it wraps a FastGenerator only)."""
+    fast decode loop that PartialRollouts drives (it wraps a FastGenerator only); adapters: a
+    ``load_adapters``."""
     for name, cls in CLASSES.items():
         assert BACKENDS[name].continues == hasattr(cls, "start"), name
         assert BACKENDS[name].streams == hasattr(cls, "generate_stream"), name
         assert BACKENDS[name].interrupts == issubclass(cls, FastGenerator), name
+        assert BACKENDS[name].adapters == hasattr(cls, "load_adapters"), name
     assert [name for name, caps in BACKENDS.items() if caps.trainer_numerics] == ["fast", "hf"]
 
 

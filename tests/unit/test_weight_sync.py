@@ -127,6 +127,34 @@ def test_a_delta_pickles_as_one_object_with_three_buffers_and_applies_after():
     assert full.checksum == nxt.checksum and verify(full)
 
 
+def test_a_lora_version_keeps_its_kind_through_the_snapshot_a_pickle_and_a_delta():
+    adapters = {"q.lora_A.default.weight": torch.randn(4, 8), "q.lora_B.default.weight": torch.zeros(8, 4)}
+    v0 = snapshot(WeightsUpdate(0, adapters, kind="adapters"), BF16)
+    assert v0.kind == "adapters"
+    assert pickle.loads(pickle.dumps(v0, protocol=5)).kind == "adapters"
+    moved = {k: t + 1 for k, t in adapters.items()}
+    v1 = snapshot(WeightsUpdate(1, moved, kind="adapters"), BF16)
+    assert apply_delta(v0, encode(v0, v1)).kind == "adapters"
+    assert WeightsUpdate(0, {}).kind == "full"
+
+
+def test_a_fleet_reports_whether_a_lora_version_was_the_adapters_alone(tmp_path):
+    group = ProcessGroup(DeltaRollouts, [(0.0, -1, str(tmp_path / "died"))], name="rollout", timeout_s=30,
+                         concurrent=("offer_weights", "stage_weights", "poll_stream", "stop_stream"))
+    try:
+        f = RolloutFleet(group, pad_id=0, streams=True, episodic=False, timeout_s=30,
+                         restarts=RestartPolicy(budget=0, backoff_s=0.0), group_retries=1,
+                         failures=(WorkerDied, WorkerTimeout), sender=WeightSender(BF16))
+        tensors = {"q.lora_A.default.weight": torch.ones(4, 8), "q.lora_B.default.weight": torch.ones(8, 4)}
+        assert f.load_weights(WeightsUpdate(0, tensors, kind="adapters")) == {
+            "weight_sync/bytes": 2.0 * 64, "weight_sync/delta_frac": 1.0, "weight_sync/adapter_only": 1.0}
+        # the kind is reported as given (a run's versions are all of one kind)
+        assert f.load_weights(WeightsUpdate(1, tensors, kind="merged"))["weight_sync/adapter_only"] == 0.0
+        assert "weight_sync/adapter_only" not in f.load_weights(WeightsUpdate(2, tensors))
+    finally:
+        f.close()
+
+
 def test_a_snapshot_is_an_owned_round_to_nearest_copy():
     live = torch.tensor([1.0, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-9, -2.0**-130])
     snap = snapshot(WeightsUpdate(3, {"w": live}), BF16)

@@ -204,3 +204,11 @@ def test_the_config_reference_is_written_from_the_field_docstrings(tmp_path, mon
     assert "How many steps the run takes." in second and "Steps to take." not in second
     for key in keys_help()[:20]:
         assert key.help.split("\n")[0][:40].replace("|", "\\|") in gen_ref.config_page()
+
+
+def test_the_readme_is_a_front_door_with_the_reports_picture():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 120
+    pictures = re.findall(r"!\[[^\]]+\]\(([^)]+)\)", text)
+    assert pictures and all((ROOT / picture).is_file() for picture in pictures), pictures
+    assert (ROOT / pictures[0]).read_bytes().startswith(b"\x89PNG")

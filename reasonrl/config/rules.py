@@ -87,6 +87,31 @@ def rollout_shares_policy(cfg: Config) -> bool:
                                     and cfg.train.strategy != "fsdp" and accelerator)
 
 
+BOUNDED_REWARDS = ("dapo", "boxed", "gsm8k", "code")
+"""The reward functions whose every call ends in bounded time by construction: the string
+rules (linear in an answer they cap at MAX_ANSWER_CHARS) and ``code`` (each program runs in
+the sandbox under reward.code_timeout_s). Any other (``math_verify``'s SymPy, an import path)
+may run for ever, holding the interpreter's lock, and only a process killed at its deadline
+bounds it in every thread and runtime."""
+
+
+def unbounded_rewards(cfg: Config) -> list[str]:
+    """The functions of reward.fn and reward.by_source (``'SOURCE=FN'`` entries) not in
+    :data:`BOUNDED_REWARDS`; none for an env run (its episodes are graded by their return)."""
+    if cfg.env.name:
+        return []
+    specs = [cfg.reward.fn, *(entry.rpartition("=")[2].strip() for entry in cfg.reward.by_source)]
+    return list(dict.fromkeys(s for s in specs if s not in BOUNDED_REWARDS))
+
+
+def reward_workers(cfg: Config) -> int:
+    """Reward worker processes per pool: ``runtime.roles.reward.count``; where that is 0, one
+    when some function is unbounded (:func:`unbounded_rewards`: every call of it then has
+    ``runtime.roles.reward.timeout_s``), else 0 (graded in the caller's thread)."""
+    count = cfg.runtime.roles.reward.count
+    return count or (1 if unbounded_rewards(cfg) else 0)
+
+
 def _check_roles(cfg: Config) -> None:
     """``runtime.roles.<role>``: counts, threads, resources, timeouts and colocation."""
     roles = cfg.runtime.roles

@@ -593,10 +593,13 @@ class RewardRoleConfig(RoleConfig):
     """Reward workers: processes grading the rollout producer's samples."""
 
     count: int = 0
-    """Reward worker processes (a time limit per sample needs >= 1); 0: graded on the rollout
-    producer's thread."""
+    """Reward worker processes (Ray actors with runtime.engine=ray) per pool; 0: the functions
+    bounded by construction (dapo, boxed, gsm8k, code) graded on the rollout producer's thread,
+    any other (math_verify, an import path) in one worker process per pool, so that every call
+    has timeout_s."""
     timeout_s: float = 10.0
-    """A sample whose reward takes longer is scored as failed (its worker is replaced)."""
+    """A sample whose reward takes longer is scored as failed (FAILURE_SCORE, counted in
+    reward/timeouts); its worker is killed and replaced."""
 
 
 @dataclass(frozen=True)

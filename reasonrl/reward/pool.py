@@ -118,7 +118,7 @@ class RewardPool:
                 elif done.outcome == "ok":
                     results[i] = done.value
                 elif done.outcome == "timeout":
-                    results[i] = failed_grade(f"timeout after {pool.timeout_s:g}s")
+                    results[i] = failed_grade(f"timeout after {pool.timeout_s:g}s", timed_out=True)
                 elif done.outcome == "died":
                     results[i] = failed_grade(f"reward worker died ({done.value})")
                 else:

@@ -6,8 +6,9 @@
                   concurrent=FLEET_CONCURRENT, wrap=faults)
 
 A role runs ``inline`` (in the controller's process, called in the caller's thread: the
-policy's rank 0, the reference and critic on one machine, reward grading and environments
-with no workers of their own), on a ``thread`` of the controller's process (rollout workers
+policy's rank 0, the reference and critic on one machine, reward grading with
+``runtime.roles.reward.count=0`` by functions bounded by construction, and environments with no
+workers of their own), on a ``thread`` of the controller's process (rollout workers
 colocated with the policy: they sample from the policy's own module, so they exist only at
 staleness 0), in a ``process`` of its own (rollout workers with their own weights, reward
 and environment workers, trainer ranks 1..N-1) or as a ``ray`` actor (every role but the
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reasonrl.config import Config
-from reasonrl.config.rules import rollout_shares_policy
+from reasonrl.config.rules import reward_workers, rollout_shares_policy, unbounded_rewards
 from reasonrl.errors import InputError
 from reasonrl.runtime.group import LocalGroup, ThreadGroup
 from reasonrl.runtime.pool import PoolStart
@@ -145,6 +146,9 @@ def plan(cfg: Config) -> Topology:
             threads=rollout.threads or max(1, cores // rollout.count))
     if roles.reward.count:
         add("reward", remote, roles.reward.count, "a pool for the rollout producer and one for validation", pools=2)
+    elif reward_workers(cfg):
+        add("reward", "process", 1, f"{', '.join(unbounded_rewards(cfg))}: no time limit of its own, so one worker "
+            "process per pool (the rollout producer's and validation's), killed at its timeout", pools=2)
     else:
         add("reward", "inline", 1, "graded on the rollout producer's thread; no time limit per sample")
     if cfg.env.name:

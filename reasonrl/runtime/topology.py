@@ -150,7 +150,8 @@ def plan(cfg: Config) -> Topology:
         add("reward", "process", 1, f"{', '.join(unbounded_rewards(cfg))}: no time limit of its own, so one worker "
             "process per pool (the rollout producer's and validation's), killed at its timeout", pools=2)
     else:
-        add("reward", "inline", 1, "graded on the rollout producer's thread; no time limit per sample")
+        add("reward", "inline", 1, f"{cfg.reward.fn}: graded on the rollout producer's thread, a rule that "
+            "ends in bounded time")
     if cfg.env.name:
         if roles.env.count:
             add("env", "process", roles.env.count, "environment processes of each rollout worker"

@@ -41,6 +41,34 @@ def assert_fatal(code, err, *needles):
         assert needle in err[-1], (needle, err[-1])
 
 
+def test_a_missing_extra_is_one_exit_2_line_naming_it_before_anything_loads(capsys, model_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError, as when it is not installed
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    assert_fatal(*train(capsys, model_dir, tmp_path / "a", "runtime.engine=ray"), "runtime.engine = 'ray'",
+                 "pip install 'reasonrl[ray]'")
+    assert_fatal(*train(capsys, model_dir, tmp_path / "b", "rollout.backend=vllm"), "pip install 'reasonrl[vllm]'")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_ray_that_fails_to_import_ends_a_supervised_run_with_one_exit_2_line_and_no_restart(model_dir, tmp_path):
+    """A ray package that is there but cannot be imported passes preflight's look-up; the trainer's
+    import of it is then an input error: exit 2 at once, one line, never restarted."""
+    broken = tmp_path / "site" / "ray"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("ray is broken here")\n')
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(broken.parent), os.getcwd()])}
+    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run),
+                           "runtime.engine=ray"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["reasonrl train: error: runtime.engine = 'ray' needs the ray package, which cannot be imported "
+                      "(ImportError: ray is broken here); install it with pip install 'reasonrl[ray]'"], proc.stderr
+    kinds = [e["kind"] for e in read_jsonl(run / "events.jsonl")]
+    assert "fatal" in kinds and not {"crash", "killed", "hang", "recovered"} & set(kinds), kinds
+
+
 @pytest.mark.parametrize("override, key", [
     ("train.grad_clip=-1", "train.grad_clip"),
     ("train.lr=.inf", "train.lr"),

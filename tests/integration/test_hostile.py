@@ -149,6 +149,52 @@ def test_a_refused_resume_writes_nothing_and_changed_data_needs_consent(capsys, 
     assert len(changed) == 1 and changed[0]["step"] == 2
 
 
+class _CallsAFunction:
+    """Pickled as a call of ``os.getpid``: a global ``torch.load(weights_only=True)`` refuses."""
+
+    def __reduce__(self):
+        return os.getpid, ()
+
+
+def _poison_state(checkpoint):
+    """Replace ``checkpoint``'s state.pt with a pickle that ``torch.load(weights_only=True)``
+    refuses, its manifest and COMMITTED marker rewritten to match: the checkpoint verifies and
+    cannot be loaded."""
+    import hashlib
+
+    state = checkpoint / "state.pt"
+    torch.save({"controller": _CallsAFunction()}, state)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = {"size": state.stat().st_size, "sha256": hashlib.sha256(state.read_bytes()).hexdigest()}
+    raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+    (checkpoint / "manifest.json").write_bytes(raw)
+    (checkpoint / "COMMITTED").write_bytes(hashlib.sha256(raw).hexdigest().encode() + b"\n")
+
+
+def test_a_checkpoint_that_verifies_but_cannot_be_loaded_falls_back_to_the_one_before(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    assert train(capsys, model_dir, run, "checkpoint.every_steps=1", steps=2)[0] == 0
+    _poison_state(run / "checkpoints" / "step_2")
+    assert find_latest(run / "checkpoints") == run / "checkpoints" / "step_2"  # its hashes match
+    code, err = train(capsys, model_dir, run, "checkpoint.every_steps=1", steps=3)
+    assert code == 0, err
+    events = read_jsonl(run / "events.jsonl")
+    skipped = [e for e in events if e["kind"] == "checkpoint_skipped"]
+    assert [(e["step"], e["path"]) for e in skipped] == [(2, str(run / "checkpoints" / "step_2"))]
+    assert "state.pt: cannot be loaded" in skipped[0]["reason"] and "GLOBAL posix.getpid" in skipped[0]["reason"]
+    resume = [e for e in events if e["kind"] == "resume"][-1]
+    assert resume["from_step"] == 1 and resume["path"] == str(run / "checkpoints" / "step_1")
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]  # step 2 trained again, row replaced
+
+    alone = tmp_path / "alone"  # no checkpoint before it: exit 2 naming it, nothing restarted or written
+    assert train(capsys, model_dir, alone, "checkpoint.every_steps=1", steps=1)[0] == 0
+    _poison_state(alone / "checkpoints" / "step_1")
+    before = files(alone)
+    assert_fatal(*train(capsys, model_dir, alone, "checkpoint.every_steps=1", steps=2),
+                 str(alone / "checkpoints" / "step_1" / "state.pt"), "cannot be loaded", "no earlier checkpoint loads")
+    assert files(alone) == before
+
+
 def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_training_goes_on(capsys, model_dir, tmp_path):
     run = tmp_path / "run"
     code, err = train(capsys, model_dir, run, "checkpoint.every_steps=2", "checkpoint.keep=3", "faults=[disk_full@4]", steps=6)

@@ -10,8 +10,10 @@ runs only them. In order:
 1. the run directory: usable (nothing is created), and what it holds: nothing yet, a run to
    resume from its newest valid checkpoint, or a complete run;
 2. the data paths exist and the extras the settings need are installed (ray for
-   runtime.engine=ray, vllm for rollout.backend=vllm; checked before torch is imported), then parse into the training and
-   held-out splits (the plan says how the held-out one was made);
+   runtime.engine=ray, vllm for rollout.backend=vllm; checked before torch is imported), then
+   parse into the training and held-out splits (the plan says how the held-out one was made;
+   with env.name, the initial states, each reset in a worker process killed at
+   runtime.roles.env.timeout_s and its observation at most MAX_OBSERVATION_CHARS long);
 3. the reward functions resolve (``reward.fn``, ``reward.by_source``, ``reward.format``), and
    the packages of ``run.loggers`` import;
 4. the model: ``model.path`` is a Hugging Face model directory with a tokenizer, or the
@@ -115,8 +117,10 @@ def preflight(cfg: Config) -> Plan:
 
     topology = plan_roles(cfg)
     from reasonrl.env.splits import run_splits
+    from reasonrl.runtime.pool import PoolStart
 
-    splits = run_splits(cfg)
+    resets = PoolStart("env", 1, cfg.runtime.roles.env.timeout_s) if cfg.env.name else None
+    splits = run_splits(cfg, resets)
     train, test = splits.train, splits.test
     reward = reward_line(cfg, train + test)
     from reasonrl.loggers import check_loggers

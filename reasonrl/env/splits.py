@@ -33,32 +33,32 @@ four characters a token, past any data.max_prompt_len a prompt is kept at): a lo
 environment fault, refused before the run starts rather than tokenised."""
 
 
-def initial_states(cfg: Config, seeds: range, split: str, workers: Callable[..., Any] | None = None) -> list[Prompt]:
-    """One prompt per seed: ``env.name``'s first observation after ``reset(seed)``, each reset
-    in the pool ``workers`` starts (None: in this process, without a time limit)."""
-    e = cfg.env
+def initial_states(cfg: Config, pool: EnvPool, seeds: range, split: str) -> list[Prompt]:
+    """One prompt per seed: ``env.name``'s first observation after ``reset(seed)`` in slot 0
+    of ``pool``."""
+    name = cfg.env.name
     prompts = []
-    with EnvPool.from_config(e, 1, workers) as pool:
-        for seed in seeds:
-            (first,) = pool.reset_many([seed])
-            where = f"env.name = {e.name!r}: reset({seed}), the first observation of a {split} prompt"
-            if isinstance(first, EnvFailure):
-                raise InputError(f"{where}: {first.message}")
-            observation = first[0]
-            if len(observation) > MAX_OBSERVATION_CHARS:
-                raise InputError(f"{where}: {len(observation):,} characters, more than the {MAX_OBSERVATION_CHARS:,} "
-                                 "an initial state may have (MAX_OBSERVATION_CHARS of reasonrl/env/splits.py)")
-            prompts.append(Prompt(f"{e.name}:{seed}", [{"role": "user", "content": observation}], "",
-                                  f"env:{e.name}", {"seed": seed, "split": split}))
+    for seed in seeds:
+        (first,) = pool.reset_many([seed])
+        where = f"env.name = {name!r}: reset({seed}), the first observation of a {split} prompt"
+        if isinstance(first, EnvFailure):
+            raise InputError(f"{where}: {first.message}")
+        observation = first[0]
+        if len(observation) > MAX_OBSERVATION_CHARS:
+            raise InputError(f"{where}: {len(observation):,} characters, more than the {MAX_OBSERVATION_CHARS:,} "
+                             "an initial state may have (MAX_OBSERVATION_CHARS of reasonrl/env/splits.py)")
+        prompts.append(Prompt(f"{name}:{seed}", [{"role": "user", "content": observation}], "",
+                              f"env:{name}", {"seed": seed, "split": split}))
     return prompts
 
 
 def env_splits(cfg: Config, workers: Callable[..., Any] | None = None) -> Splits:
     """The training and held-out initial states of ``env.name`` (see the module docstring),
-    each reset in the pool ``workers`` starts."""
+    each reset in the pool ``workers`` starts (None: in this process, without a time limit)."""
     d, name = cfg.data, cfg.env.name
-    train = initial_states(cfg, range(d.train_size), "train", workers)
-    test = initial_states(cfg, range(HELD_OUT_SEED, HELD_OUT_SEED + d.test_size), "test", workers)
+    with EnvPool.from_config(cfg.env, 1, workers) as pool:
+        train = initial_states(cfg, pool, range(d.train_size), "train")
+        test = initial_states(cfg, pool, range(HELD_OUT_SEED, HELD_OUT_SEED + d.test_size), "test")
     line = (f"{len(train)} training initial states of env {name} (seeds 0..{d.train_size - 1}), {len(test)} held out "
             f"(seeds from {HELD_OUT_SEED}, never trained)")
     return Splits(train, test, f"env:{name}", f"env:{name}", line)

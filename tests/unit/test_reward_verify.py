@@ -107,15 +107,17 @@ def test_a_hostile_answer_is_cut_at_the_time_limit_when_graded_off_the_main_thre
     assert again.scores.tolist() == [FAILURE_SCORE] and again.timed_out.tolist() == [True]
 
 
-def test_math_verify_gets_a_worker_per_pool_even_at_count_0_and_the_string_rules_none():
+def test_math_verify_gets_a_worker_per_pool_even_at_count_0_and_the_other_functions_none():
     math = load(None, ["reward.fn=math_verify"])
     assert reward_workers(math) == 1
     assert (plan_topology(math)["reward"].where, plan_topology(math)["reward"].pools) == ("process", 2)
-    by_source = load(None, ["reward.by_source=[a=gsm8k,b=tests.reward_fixtures:coin]"])
-    assert reward_workers(by_source) == 1 and "tests.reward_fixtures:coin" in plan_topology(by_source)["reward"].detail
+    by_source = load(None, ["reward.by_source=[a=gsm8k,b=math_verify]"])
+    assert reward_workers(by_source) == 1 and plan_topology(by_source)["reward"].detail.startswith("math_verify: ")
     for rule in ("dapo", "boxed", "gsm8k", "code"):
         cfg = load(None, [f"reward.fn={rule}"])
-        assert reward_workers(cfg) == 0 and plan_topology(cfg)["reward"].where == "inline"
+        assert reward_workers(cfg) == 0 and "a rule that ends in bounded time" in plan_topology(cfg)["reward"].detail
+    custom = plan_topology(load(None, ["reward.fn=tests.reward_fixtures:coin"]))["reward"]
+    assert custom.where == "inline" and "no time limit per sample" in custom.detail  # the plan says so
     assert reward_workers(load(None, ["reward.fn=math_verify", "runtime.roles.reward.count=3"])) == 3
 
 

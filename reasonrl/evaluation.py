@@ -41,6 +41,7 @@ from tqdm import tqdm
 from reasonrl.algo.evaluation import majority_vote, mean_stderr, pass_at_k
 from reasonrl.checkpoint.export import export_model, select_checkpoint
 from reasonrl.config import Config
+from reasonrl.config.rules import reward_workers
 from reasonrl.models.loading import load_tokenizer, model_context
 from reasonrl.warmstart import resolve_model_dir
 from reasonrl.data.sources import TEST_SPLITS
@@ -312,7 +313,7 @@ def _evaluate_model(cfg: Config, source: ModelSource, datasets: list[Dataset]) -
     prompts = [p for kept in tokens for p in kept.prompts]
     ids = [row for kept in tokens for row in kept.ids]
     roles = cfg.runtime.roles
-    reward = RewardWorker(cfg, source.path, _processes("reward", roles.reward.count, roles.reward.timeout_s))
+    reward = RewardWorker(cfg, source.path, _processes("reward", reward_workers(cfg), roles.reward.timeout_s))
     try:
         rollout = RolloutWorker(cfg, source.path, env_workers=_processes("env", roles.env.count, roles.env.timeout_s))
         try:

@@ -9,8 +9,11 @@ runs only them. In order:
 
 1. the run directory: usable (nothing is created), and what it holds: nothing yet, a run to
    resume from its newest valid checkpoint, or a complete run;
-2. the data paths exist (checked before torch is imported), then parse into the training and
-   held-out splits (the plan says how the held-out one was made);
+2. the data paths exist and the extras the settings need are installed (ray for
+   runtime.engine=ray, vllm for rollout.backend=vllm; checked before torch is imported), then
+   parse into the training and held-out splits (the plan says how the held-out one was made;
+   with env.name, the initial states, each reset in a worker process killed at
+   runtime.roles.env.timeout_s and its observation at most MAX_OBSERVATION_CHARS long);
 3. the reward functions resolve (``reward.fn``, ``reward.by_source``, ``reward.format``), and
    the packages of ``run.loggers`` import;
 4. the model: ``model.path`` is a Hugging Face model directory with a tokenizer, or the
@@ -111,12 +114,15 @@ def preflight(cfg: Config) -> Plan:
     """Check ``cfg`` in the order of the module docstring; the Plan of what would run."""
     state = run_state(cfg)
     check_data_files(cfg)
+    check_extras(cfg)
     from reasonrl.runtime.topology import plan as plan_roles
 
     topology = plan_roles(cfg)
     from reasonrl.env.splits import run_splits
+    from reasonrl.runtime.pool import PoolStart
 
-    splits = run_splits(cfg)
+    resets = PoolStart("env", 1, cfg.runtime.roles.env.timeout_s) if cfg.env.name else None
+    splits = run_splits(cfg, resets)
     train, test = splits.train, splits.test
     reward = reward_line(cfg, train + test)
     from reasonrl.loggers import check_loggers
@@ -216,6 +222,31 @@ def check_data_files(cfg: Config) -> None:
         for text in entries(value, key):
             if not (key == "data.source" and text == "embedded"):
                 locate(text, key)
+
+
+def check_extras(cfg: Config) -> None:
+    """InputError naming the extra to install when a package that ``cfg`` needs is not installed:
+    ray for runtime.engine=ray, vllm for rollout.backend=vllm. Looked up, not imported (Ray's
+    first import must be :func:`reasonrl.runtime.ray.connect`'s); one that is there but fails to
+    import fails where it is imported, with the same advice."""
+    if cfg.runtime.engine == "ray" and not _installed("ray"):
+        from reasonrl.runtime.ray import INSTALL
+
+        raise InputError(f"runtime.engine = 'ray' needs the ray package, which is not installed; install it with {INSTALL}")
+    if cfg.rollout.backend == "vllm" and not _installed("vllm"):
+        from reasonrl.rollout.vllm import INSTALL_HINT
+
+        raise InputError(INSTALL_HINT)
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be found (False where ``sys.modules`` holds None for it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ValueError, ImportError):
+        return False
 
 
 def _check_creatable(run_dir: Path) -> None:

@@ -167,6 +167,8 @@ class ScoredBatch:
     scores:       [B] float, sequence-level reward (after any length shaping)
     acc:          [B] bool, the answer was correct
     failed:       [B] bool, the reward function raised or timed out
+    timed_out:    [B] bool, the reward function ran past its time limit (a subset of failed;
+                  all False when not given)
     errors:       one line per failed sample (``"sample i: ..."``, i its row when scored)
     preds:        the B extracted answers (``"[INVALID]"`` where none)
     extras:       the B reward breakdowns: the reward function's other fields, ``format``
@@ -182,10 +184,13 @@ class ScoredBatch:
     errors: list[str] = field(default_factory=list)
     preds: list[str] = field(default_factory=list)
     extras: list[dict[str, Any]] = field(default_factory=list)
+    timed_out: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.preds = self.preds or ["[INVALID]"] * len(self.texts)
         self.extras = self.extras or [{} for _ in self.texts]
+        if self.timed_out is None:
+            self.timed_out = torch.zeros_like(self.failed, dtype=torch.bool)
 
     @property
     def size(self) -> int:
@@ -203,6 +208,7 @@ class ScoredBatch:
             failed=self.failed[index],
             preds=[self.preds[i] for i in rows],
             extras=[self.extras[i] for i in rows],
+            timed_out=self.timed_out[index],
         )
 
     @staticmethod
@@ -220,6 +226,7 @@ class ScoredBatch:
             errors=[e for b in batches for e in b.errors],
             preds=[p for b in batches for p in b.preds],
             extras=[x for b in batches for x in b.extras],
+            timed_out=torch.cat([b.timed_out for b in batches]),
         )
 
 

@@ -172,3 +172,29 @@ class FlakyBySeed:
             raise RuntimeError(f"broken board {self.seed}")
         won = action[:1].isdigit()
         return "done", float(won), True, False, {"success": won}
+
+
+class HangingReset(Faulty):
+    """reset(3) hangs (sleeps 600 s); the other seeds answer."""
+
+    def reset(self, seed):
+        if seed == 3:
+            time.sleep(600)
+        return super().reset(seed)
+
+
+class HugeObservation(Faulty):
+    """Every reset returns an observation of 2,000,000 characters."""
+
+    def reset(self, seed):
+        super().reset(seed)
+        return "x" * 2_000_000, {}
+
+
+class RaisingReset(Faulty):
+    """reset(1) raises."""
+
+    def reset(self, seed):
+        if seed == 1:
+            raise RuntimeError("no board for seed 1")
+        return super().reset(seed)

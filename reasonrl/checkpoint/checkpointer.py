@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reasonrl.checkpoint.registry import StateRegistry
-from reasonrl.checkpoint.store import CheckpointWriteError, CheckpointWriter, find_latest, list_checkpoints, load_checkpoint
+from reasonrl.checkpoint.store import (CheckpointCorruptError, CheckpointInfo, CheckpointWriteError, CheckpointWriter,
+                                      list_checkpoints, load_checkpoint)
 from reasonrl.config import Config, config_hash
 from reasonrl.data.sources import source_name
 from reasonrl.errors import LimitError, ResumeError, error_line
@@ -92,14 +93,24 @@ class Checkpointer:
         return f"the previous checkpoint ({latest}) is intact and a rerun resumes from it"
 
     def resume(self) -> int:
-        """Load the newest valid committed checkpoint and return its step (0: none); refuse an
-        incompatible config or changed data (ResumeError) before anything is restored or written."""
-        self.skipped = [i for i in list_checkpoints(self.root) if not i.valid] if self.root.exists() else []
-        path = find_latest(self.root) if self.root.exists() else None
+        """Load the newest committed checkpoint that verifies and loads, and return its step (0:
+        none); refuse an incompatible config or changed data (ResumeError) before anything is
+        restored or written. A newer checkpoint that is damaged, or whose files match their
+        hashes but do not load (``state.pt`` refused by ``torch.load``), is passed over for the
+        one before it (a ``checkpoint_skipped`` event each, once the resume passed its check);
+        when every checkpoint is passed over and one of them verified, a ResumeError names it
+        (a restart would meet it again)."""
+        infos = list_checkpoints(self.root) if self.root.exists() else []
+        self.skipped = [i for i in infos if not i.valid]
+        path, step, tensors, state, unloadable = self._load_newest(infos)
+        self.skipped += unloadable
+        self.skipped.sort(key=lambda info: info.step)
         self.resumed_from = path
         if path is None:
+            if unloadable:
+                raise ResumeError(f"{unloadable[-1].reason}; its files match their manifest, and no earlier checkpoint "
+                                  f"loads either: move {unloadable[-1].path} aside to start this run over, or use a new run.dir")
             return 0
-        step, tensors, state = load_checkpoint(path)
         if RUN_ENTRY not in state:
             raise ResumeError(f"{path}: written by an older reasonrl (no '{RUN_ENTRY}' state); use a new run.dir")
         try:
@@ -108,6 +119,20 @@ class Checkpointer:
             raise ResumeError(f"{path}: does not fit this run ({error_line(err)}); it was written for another model "
                               "(another model.path, or a warm start of another reasonrl version); use a new run.dir") from err
         return step
+
+    def _load_newest(self, infos: list[CheckpointInfo]):
+        """``(path, step, tensors, state, passed over)`` of the newest checkpoint of ``infos``
+        that verified and loads (path None when none does); ``passed over``: the verified ones
+        newer than it that did not load, each with why."""
+        unloadable = []
+        for info in reversed([i for i in infos if i.valid]):
+            try:
+                step, tensors, state = load_checkpoint(info.path)
+            except CheckpointCorruptError as err:
+                unloadable.append(CheckpointInfo(info.step, info.path, False, str(err)))
+                continue
+            return info.path, step, tensors, state, unloadable
+        return None, 0, {}, {}, unloadable
 
     def emit_resume(self, step: int) -> None:
         """The events of a resume that passed its check (nothing is written before it)."""
@@ -126,16 +151,18 @@ class Checkpointer:
                      "(raise train.total_steps to go on)")
 
     def rollback(self, step: int, reason: str) -> None:
-        """Restore the weights and optimizers from the newest valid checkpoint (or the initial
-        weights), keeping the step counter, sampler and RNG: the offending batches are skipped."""
+        """Restore the weights and optimizers from the newest checkpoint that verifies and loads
+        (or the initial weights), keeping the step counter, sampler and RNG: the offending
+        batches are skipped."""
         began = time.time()
-        path = find_latest(self.root)
+        path, from_step, tensors, state, unloadable = self._load_newest(list_checkpoints(self.root))
+        for info in unloadable:
+            self.events.emit("checkpoint_skipped", info.step, path=str(info.path), reason=info.reason)
         if path is None:
             for role in self.registry.rollback_entries:
                 role.reset()
-            from_step, self.updates_applied = 0, 0
+            self.updates_applied = 0
         else:
-            from_step, tensors, state = load_checkpoint(path)
             self.registry.restore(tensors, state, rollback=True)
             self.updates_applied = state[RUN_ENTRY]["updates_applied"]
         self.events.emit("rollback", step, reason=reason, to=str(path or self.initial), from_step=from_step,

@@ -445,11 +445,12 @@ def _verify(path: Path, step: int | None = None) -> dict[str, Any]:
 
 
 def _load(path: Path, reader: Callable[[Path], Any]) -> Any:
-    """Run ``reader`` on a verified file, reporting any failure as corruption of that file."""
+    """Run ``reader`` on a verified file, reporting any failure as corruption of that file (its
+    message on one line: torch.load's run over several)."""
     try:
         return reader(path)
     except Exception as err:
-        raise CheckpointCorruptError(f"{path}: cannot be loaded: {err}") from err
+        raise CheckpointCorruptError(f"{path}: cannot be loaded: {' '.join(str(err).split())}") from err
 
 
 def fsync_dir(path: Path) -> None:

@@ -92,6 +92,45 @@ def rollout_shares_policy(cfg: Config) -> bool:
                                     and cfg.train.strategy != "fsdp" and accelerator)
 
 
+BOUNDED_REWARDS = ("dapo", "boxed", "gsm8k", "code")
+"""The reward functions whose every call ends in bounded time by construction: the string
+rules (linear in an answer they cap at MAX_ANSWER_CHARS) and ``code`` (each program runs in
+the sandbox under reward.code_timeout_s)."""
+
+UNBOUNDED_REWARDS = ("math_verify",)
+"""The built-in reward functions a hostile answer can keep busy for ever: ``math_verify``
+(SymPy evaluates a power tower for minutes, holding the interpreter's lock). Only a process
+killed at its deadline bounds them in every thread and runtime, so they get one even at
+``runtime.roles.reward.count=0``. An import-path function is the user's own code: at count 0
+it is graded in the caller's thread with no time limit (the plan says so), count >= 1 bounds it."""
+
+
+def unbounded_rewards(cfg: Config) -> list[str]:
+    """The functions of reward.fn and reward.by_source (``'SOURCE=FN'`` entries) in
+    :data:`UNBOUNDED_REWARDS`; none for an env run (its episodes are graded by their return)."""
+    if cfg.env.name:
+        return []
+    specs = [cfg.reward.fn, *(entry.rpartition("=")[2].strip() for entry in cfg.reward.by_source)]
+    return list(dict.fromkeys(s for s in specs if s in UNBOUNDED_REWARDS))
+
+
+def unlimited_rewards(cfg: Config) -> list[str]:
+    """The functions of reward.fn and reward.by_source that run with no time limit where they
+    are graded in the caller's thread (import paths); none for an env run."""
+    if cfg.env.name:
+        return []
+    specs = [cfg.reward.fn, *(entry.rpartition("=")[2].strip() for entry in cfg.reward.by_source)]
+    return list(dict.fromkeys(s for s in specs if s not in BOUNDED_REWARDS + UNBOUNDED_REWARDS))
+
+
+def reward_workers(cfg: Config) -> int:
+    """Reward worker processes per pool: ``runtime.roles.reward.count``; where that is 0, one
+    when some function is unbounded (:func:`unbounded_rewards`: every call of it then has
+    ``runtime.roles.reward.timeout_s``), else 0 (graded in the caller's thread)."""
+    count = cfg.runtime.roles.reward.count
+    return count or (1 if unbounded_rewards(cfg) else 0)
+
+
 def _check_roles(cfg: Config) -> None:
     """``runtime.roles.<role>``: counts, threads, resources, timeouts and colocation."""
     roles = cfg.runtime.roles

@@ -618,10 +618,14 @@ class RewardRoleConfig(RoleConfig):
     """Reward workers: processes grading the rollout producer's samples."""
 
     count: int = 0
-    """Reward worker processes (a time limit per sample needs >= 1); 0: graded on the rollout
-    producer's thread."""
+    """Reward worker processes (Ray actors with runtime.engine=ray) per pool, each sample
+    bounded by timeout_s; 0: graded on the rollout producer's thread (no time limit: the rules
+    dapo, boxed, gsm8k and code end in bounded time by construction, an import-path function
+    is on its own), except math_verify, which a hostile answer can keep busy for ever: it then
+    gets one worker process per pool."""
     timeout_s: float = 10.0
-    """A sample whose reward takes longer is scored as failed (its worker is replaced)."""
+    """A sample whose reward takes longer is scored as failed (FAILURE_SCORE, counted in
+    reward/timeouts); its worker is killed and replaced."""
 
 
 @dataclass(frozen=True)

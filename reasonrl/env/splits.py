@@ -6,48 +6,65 @@ worker resets its ``rollout.n`` episodes of the group to that very state::
 
     train:    seeds 0 .. data.train_size - 1
     held out: seeds HELD_OUT_SEED .. HELD_OUT_SEED + data.test_size - 1   (never trained)
+
+The environment is user code: each reset runs in the pool ``workers`` starts (a
+:class:`~reasonrl.runtime.pool.PoolStart`: a worker process killed at its ``timeout_s``, as
+the pre-start check gives it), and a reset that fails, hangs past that, or returns an
+observation longer than :data:`MAX_OBSERVATION_CHARS` is an InputError naming the
+environment, the seed and what it exceeded.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from reasonrl.config import Config
 from reasonrl.data.splits import Splits, read_splits
-from reasonrl.env.base import check_reset
-from reasonrl.env.registry import make_env
+from reasonrl.env.pool import EnvFailure, EnvPool
+from reasonrl.errors import InputError
 from reasonrl.types import Prompt
 
 HELD_OUT_SEED = 10**9
 """The first reset seed of the held-out initial states."""
 
-
-def initial_states(cfg: Config, seeds: range, split: str) -> list[Prompt]:
-    """One prompt per seed: ``env.name``'s first observation after ``reset(seed)``."""
-    e = cfg.env
-    env = make_env(e.name, e.args, e.tools, e.tool_call_pattern, e.tool_response_format)
-    try:
-        prompts = []
-        for seed in seeds:
-            observation, _ = check_reset(env.reset(seed))
-            prompts.append(Prompt(f"{e.name}:{seed}", [{"role": "user", "content": observation}], "",
-                                  f"env:{e.name}", {"seed": seed, "split": split}))
-        return prompts
-    finally:
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
+MAX_OBSERVATION_CHARS = 100_000
+"""The longest first observation an initial state may have, in characters (some 25k tokens at
+four characters a token, past any data.max_prompt_len a prompt is kept at): a longer one is an
+environment fault, refused before the run starts rather than tokenised."""
 
 
-def env_splits(cfg: Config) -> Splits:
-    """The training and held-out initial states of ``env.name`` (see the module docstring)."""
+def initial_states(cfg: Config, pool: EnvPool, seeds: range, split: str) -> list[Prompt]:
+    """One prompt per seed: ``env.name``'s first observation after ``reset(seed)`` in slot 0
+    of ``pool``."""
+    name = cfg.env.name
+    prompts = []
+    for seed in seeds:
+        (first,) = pool.reset_many([seed])
+        where = f"env.name = {name!r}: reset({seed}), the first observation of a {split} prompt"
+        if isinstance(first, EnvFailure):
+            raise InputError(f"{where}: {first.message}")
+        observation = first[0]
+        if len(observation) > MAX_OBSERVATION_CHARS:
+            raise InputError(f"{where}: {len(observation):,} characters, more than the {MAX_OBSERVATION_CHARS:,} "
+                             "an initial state may have (MAX_OBSERVATION_CHARS of reasonrl/env/splits.py)")
+        prompts.append(Prompt(f"{name}:{seed}", [{"role": "user", "content": observation}], "",
+                              f"env:{name}", {"seed": seed, "split": split}))
+    return prompts
+
+
+def env_splits(cfg: Config, workers: Callable[..., Any] | None = None) -> Splits:
+    """The training and held-out initial states of ``env.name`` (see the module docstring),
+    each reset in the pool ``workers`` starts (None: in this process, without a time limit)."""
     d, name = cfg.data, cfg.env.name
-    train = initial_states(cfg, range(d.train_size), "train")
-    test = initial_states(cfg, range(HELD_OUT_SEED, HELD_OUT_SEED + d.test_size), "test")
+    with EnvPool.from_config(cfg.env, 1, workers) as pool:
+        train = initial_states(cfg, pool, range(d.train_size), "train")
+        test = initial_states(cfg, pool, range(HELD_OUT_SEED, HELD_OUT_SEED + d.test_size), "test")
     line = (f"{len(train)} training initial states of env {name} (seeds 0..{d.train_size - 1}), {len(test)} held out "
             f"(seeds from {HELD_OUT_SEED}, never trained)")
     return Splits(train, test, f"env:{name}", f"env:{name}", line)
 
 
-def run_splits(cfg: Config) -> Splits:
-    """A run's prompts: the initial states of ``env.name`` when set, else ``data.*``
-    (:func:`~reasonrl.data.splits.read_splits`)."""
-    return env_splits(cfg) if cfg.env.name else read_splits(cfg)
+def run_splits(cfg: Config, workers: Callable[..., Any] | None = None) -> Splits:
+    """A run's prompts: the initial states of ``env.name`` when set (each reset in the pool
+    ``workers`` starts), else ``data.*`` (:func:`~reasonrl.data.splits.read_splits`)."""
+    return env_splits(cfg, workers) if cfg.env.name else read_splits(cfg)

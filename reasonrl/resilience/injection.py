@@ -203,7 +203,7 @@ class FaultyRewards(_Wrapper):
         good = self.inner.grade(texts[k:], prompts[k:])
         grades = Grades(torch.cat([bad.scores, good.scores]), torch.cat([bad.acc, good.acc]),
                         torch.cat([bad.failed, good.failed]), bad.errors + [_renumber(e, k) for e in good.errors],
-                        bad.preds + good.preds, bad.extras + good.extras)
+                        bad.preds + good.preds, bad.extras + good.extras, torch.cat([bad.timed_out, good.timed_out]))
         return self.inner.assemble(rollout, prompts, texts, grades)
 
 

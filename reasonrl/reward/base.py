@@ -95,8 +95,9 @@ def parse_by_source(entries: tuple[str, ...]) -> dict[str, str]:
 @dataclass(frozen=True)
 class Grade:
     """One graded sample: ``failed`` when the function raised, returned something malformed
-    or timed out (``error`` says why; ``score`` is then ``FAILURE_SCORE``); ``extras`` holds
-    the function's other fields and ``format`` (0 or 1) under reward.format."""
+    or timed out (``error`` says why; ``score`` is then ``FAILURE_SCORE``), ``timed_out``
+    when it ran past its time limit; ``extras`` holds the function's other fields and
+    ``format`` (0 or 1) under reward.format."""
 
     score: float
     acc: bool
@@ -104,11 +105,13 @@ class Grade:
     failed: bool = False
     error: str = ""
     extras: dict[str, Any] = field(default_factory=dict)
+    timed_out: bool = False
 
 
-def failed_grade(error: str) -> Grade:
-    """The grade of a sample whose scoring failed with ``error``."""
-    return Grade(FAILURE_SCORE, False, INVALID, True, _one_line(error))
+def failed_grade(error: str, timed_out: bool = False) -> Grade:
+    """The grade of a sample whose scoring failed with ``error`` (``timed_out``: by running
+    past its time limit)."""
+    return Grade(FAILURE_SCORE, False, INVALID, True, _one_line(error), timed_out=timed_out)
 
 
 class Grader:
@@ -184,8 +187,9 @@ def row_fields(prompt) -> dict[str, Any]:
 @dataclass
 class Grades:
     """A batch of grades: ``scores [B] float32``, ``acc [B] bool``, ``failed [B] bool``, one
-    error line per failed sample (``"sample i: ..."``), the extracted answers and the extra
-    fields of each sample."""
+    error line per failed sample (``"sample i: ..."``), the extracted answers, the extra
+    fields of each sample and ``timed_out [B] bool`` (failed by running past the time limit;
+    all False when not given)."""
 
     scores: torch.Tensor
     acc: torch.Tensor
@@ -193,6 +197,11 @@ class Grades:
     errors: list[str]
     preds: list[str]
     extras: list[dict[str, Any]]
+    timed_out: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.timed_out is None:
+            self.timed_out = torch.zeros_like(self.failed)
 
     @staticmethod
     def of(grades: list[Grade]) -> "Grades":
@@ -203,6 +212,7 @@ class Grades:
             [f"sample {i}: {g.error}" for i, g in enumerate(grades) if g.failed],
             [g.pred for g in grades],
             [g.extras for g in grades],
+            torch.tensor([g.timed_out for g in grades], dtype=torch.bool),
         )
 
 

@@ -44,8 +44,10 @@ class RewardPool:
     the workers' timeout to finish.
 
     ``workers``: how the workers start, a :class:`~reasonrl.runtime.pool.PoolStart` (its
-    ``count`` workers, its ``timeout_s`` per sample, where they run); None scores in this
-    process: no timeouts, no process overhead, exceptions still caught. Raises
+    ``count`` workers, its ``timeout_s`` per sample, where they run), started by the first
+    call that needs them (a pool that never grades, such as validation's in a run without
+    validation, starts none); None scores in this process: no timeouts, no process overhead,
+    exceptions still caught. Raises
     ``RewardFailureError`` once more than ``max_consecutive_failures`` samples in a row have
     failed. Use as a context manager, or call ``close()``.
     """
@@ -56,12 +58,20 @@ class RewardPool:
         self.max_consecutive_failures = max_consecutive_failures
         self.consecutive_failures = 0
         self._grader = Grader.from_config(self.reward)
-        self._pool = None if workers is None else workers(GraderWorker, [(self.reward,)] * workers.count)
+        self._start = workers
+        self._pool = None
 
     @property
     def pids(self) -> list[int]:
-        """The worker processes' ids (none when grading in this process)."""
-        return [] if self._pool is None else self._pool.pids
+        """The worker processes' ids, the workers started if they were not (none when grading
+        in this process)."""
+        return [] if self._start is None else self._workers().pids
+
+    def _workers(self):
+        """The workers' :class:`~reasonrl.runtime.pool.WorkerPool`, started at the first call."""
+        if self._pool is None:
+            self._pool = self._start(GraderWorker, [(self.reward,)] * self._start.count)
+        return self._pool
 
     def score(self, texts: list[str], ground_truths: list[str], rows: list[dict[str, Any]] | None = None) -> Grades:
         """The grades of each (text, ground truth, row) as ``score_batch`` gives them;
@@ -70,7 +80,7 @@ class RewardPool:
             raise ValueError(f"RewardPool.score: {len(texts)} texts but {len(ground_truths)} ground truths"
                              + (f" and {len(rows)} rows" if rows is not None else ""))
         rows = rows if rows is not None else [{} for _ in texts]
-        if self._pool is not None:
+        if self._start is not None:
             results = self._score_in_workers(texts, ground_truths, rows)
         else:
             results = [self._grader.grade(text, truth, row) for text, truth, row in zip(texts, ground_truths, rows)]
@@ -79,19 +89,20 @@ class RewardPool:
     def resize(self, count: int) -> None:
         """Grade with ``count`` workers from the next batch on (between batches; a pool
         grading in this process has none to resize)."""
-        if self._pool is None:
+        if self._start is None:
             raise ValueError("RewardPool.resize: this pool grades in its own process (runtime.roles.reward.count=0); "
                              "a count of workers takes effect when the run next starts")
         if type(count) is not int or count < 1:
             raise ValueError(f"RewardPool.resize: count = {count!r}, expected an integer >= 1")
-        while self._pool.size < count:
-            self._pool.grow((self.reward,))
-        while self._pool.size > count:
-            self._pool.shrink()
+        pool = self._workers()
+        while pool.size < count:
+            pool.grow((self.reward,))
+        while pool.size > count:
+            pool.shrink()
 
     def close(self) -> None:
-        """Stop the workers (idempotent)."""
-        pool, self._pool = self._pool, None
+        """Stop the workers, none started after (idempotent)."""
+        pool, self._pool, self._start = self._pool, None, None
         if pool is not None:
             pool.close()
 
@@ -105,7 +116,7 @@ class RewardPool:
         """Split the samples into one run of consecutive samples per worker and grade each
         sample as a call of its own, so that each has its own deadline. A sample lost with a
         replaced worker goes to the worker with the fewest calls left."""
-        pool = self._pool
+        pool = self._workers()
         per_worker = math.ceil(len(texts) / pool.size) if texts else 0
         for i in range(len(texts)):
             pool.submit(i // per_worker, "grade", texts[i], truths[i], rows[i], key=i)
@@ -118,7 +129,7 @@ class RewardPool:
                 elif done.outcome == "ok":
                     results[i] = done.value
                 elif done.outcome == "timeout":
-                    results[i] = failed_grade(f"timeout after {pool.timeout_s:g}s")
+                    results[i] = failed_grade(f"timeout after {pool.timeout_s:g}s", timed_out=True)
                 elif done.outcome == "died":
                     results[i] = failed_grade(f"reward worker died ({done.value})")
                 else:

@@ -8,24 +8,29 @@ symbolically: ``\\dfrac{1}{2}``, ``0.5`` and ``1/2`` are one answer, ``\\left(3,
 \\frac{\\pi}{2}\\right)`` is ``(3,\\frac{\\pi}{2})`` and ``\\text{(C)}`` is ``C``, which the
 string rules of ``dapo`` and ``boxed`` (reasonrl/reward/math.py) miss.
 
-Every call is bounded: parsing and comparing each stop after :data:`TIMEOUT_S` seconds
-(math-verify's own alarms) and the sample is then wrong. The alarms need the main thread of a
-process, where the trainer and the reward worker processes (``runtime.roles.reward.count``)
-score; called from another thread, the call is bounded only by the reward pool's
-``runtime.roles.reward.timeout_s``.
+math-verify's own time limits are SIGALRM alarms, which work only on the main thread of a
+process and end a comparison at whatever point a whole second falls: the same answer would
+score right or wrong by the load of the machine. They are off. A call is bounded instead by
+the worker process it runs in, killed at ``runtime.roles.reward.timeout_s`` in any thread and
+runtime (a process or a Ray actor; ``runtime.roles.reward.count=0`` still gives this function
+one worker per pool, see :func:`reasonrl.config.rules.reward_workers`): a sample past it is a
+failure (``FAILURE_SCORE``), counted in ``reward/timeouts``. Called in a process of its own
+without a pool, nothing bounds it.
 
 Returns ``{"score": +1.0 or -1.0, "acc": bool, "pred": str}`` like the string rules.
 """
 
 from __future__ import annotations
 
-import threading
+import logging
 
 from reasonrl.errors import InputError
 from reasonrl.reward.math import INVALID, MAX_ANSWER_CHARS, as_text
 
-TIMEOUT_S = 3
-"""Seconds math-verify may spend parsing one side, and comparing them (whole seconds: alarms)."""
+
+def _not_our_warning(record: logging.LogRecord) -> bool:
+    """False for math-verify's warning that its alarms are off (the worker's deadline bounds the call)."""
+    return not record.getMessage().startswith("Timeout is disabled")
 
 
 def load_math_verify():
@@ -35,6 +40,10 @@ def load_math_verify():
     except ImportError as err:
         raise InputError(f"reward.fn = 'math_verify' needs the math-verify package, which cannot be imported ({err}); "
                          "install it with pip install 'reasonrl[math]'") from None
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logger = logging.getLogger(name)
+        if _not_our_warning not in logger.filters:
+            logger.addFilter(_not_our_warning)
     return math_verify_score
 
 
@@ -43,11 +52,10 @@ def math_verify_score(response: str, ground_truth: str) -> dict:
     the module); ``pred`` is the extracted answer as written."""
     from math_verify import parse, verify
 
-    seconds = TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     truth = as_text(ground_truth).strip()
     if "$" not in truth and "\\boxed" not in truth:
         truth = f"${truth}$"
-    gold = parse(truth[:MAX_ANSWER_CHARS], parsing_timeout=seconds)
-    pred = parse(as_text(response)[-MAX_ANSWER_CHARS:], parsing_timeout=seconds)
-    correct = bool(gold and pred) and verify(gold, pred, timeout_seconds=seconds)
+    gold = parse(truth[:MAX_ANSWER_CHARS], parsing_timeout=None)
+    pred = parse(as_text(response)[-MAX_ANSWER_CHARS:], parsing_timeout=None)
+    correct = bool(gold and pred) and verify(gold, pred, timeout_seconds=None)
     return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": str(pred[-1]) if pred else INVALID}

@@ -157,6 +157,7 @@ class RolloutScheduler:
         self.samples: list[Sample] = []
         self.kept_draws: list[int] = []
         self.errors: list[str] = []
+        self.timeouts = 0
         self._base: dict[int, int] = {}
         self.timing: dict[str, float] = {}
 
@@ -187,6 +188,7 @@ class RolloutScheduler:
         self.samples = []
         self.kept_draws = []
         self.errors = []
+        self.timeouts = 0
         self._base = {}
         self.timing = {"gen": 0.0, "reward": 0.0}
         start = time.perf_counter()
@@ -219,6 +221,7 @@ class RolloutScheduler:
         scored = self.score(rollout, prompts)
         self.timing["reward"] += time.perf_counter() - start
         self.errors += scored.errors
+        self.timeouts += int(scored.timed_out.sum())
         if scored.acc.shape[0] != rollout.size:
             raise ValueError(f"score: returned {scored.acc.shape[0]} acc values for {rollout.size} rows")
         groups = rollout.group_ids[:: self.n].tolist()
@@ -331,7 +334,9 @@ class RolloutScheduler:
         ``batch/aborted_tokens``; ``batch/wasted_samples`` (completed, not kept);
         ``batch/samples_per_kept_group`` (all samples started, completed or aborted, per
         kept group; inf when none was kept); ``batch/generated_tokens`` (completed samples)
-        and ``batch/tokens_per_kept_group`` (tokens of all samples started, per kept group).
+        and ``batch/tokens_per_kept_group`` (tokens of all samples started, per kept group);
+        ``reward/timeouts``: samples of every ``score`` call whose reward function ran past its
+        time limit (scored as failed), kept or not.
         """
         n = self.n
         count = {state: 0 for state in SampleState}
@@ -363,6 +368,7 @@ class RolloutScheduler:
             "batch/samples_per_kept_group": float(per_group(started)),
             "batch/generated_tokens": float(tokens["completed"]),
             "batch/tokens_per_kept_group": float(per_group(tokens["completed"] + tokens["aborted"])),
+            "reward/timeouts": float(self.timeouts),
         }
 
     def _give_up_message(self, stats: dict[str, float], drawn: int) -> str:

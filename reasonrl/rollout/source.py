@@ -352,7 +352,7 @@ def _no_stats() -> dict[str, float]:
     zero = {k: 0.0 for k in ("batch/num_gen_batches", "batch/kept_groups", "batch/dropped_all_correct",
                              "batch/dropped_all_wrong", "batch/surplus_groups", "batch/generated_samples",
                              "batch/aborted_samples", "batch/aborted_tokens", "batch/wasted_samples",
-                             "batch/generated_tokens")}
+                             "batch/generated_tokens", "reward/timeouts")}
     return {**zero, "batch/samples_per_kept_group": math.inf, "batch/tokens_per_kept_group": math.inf}
 
 
@@ -372,13 +372,13 @@ def _rollout_state(r: RolloutBatch) -> dict:
 def _scored_state(s: ScoredBatch) -> dict:
     return {"rollout": _rollout_state(s.rollout), "prompts": [asdict(p) for p in s.prompts],
             "texts": list(s.texts), "scores": s.scores.cpu(), "acc": s.acc.cpu(), "failed": s.failed.cpu(),
-            "preds": list(s.preds), "extras": list(s.extras)}
+            "preds": list(s.preds), "extras": list(s.extras), "timed_out": s.timed_out.cpu()}
 
 
 def _scored_from_state(state: dict) -> ScoredBatch:
     return ScoredBatch(RolloutBatch(**state["rollout"]), [Prompt(**p) for p in state["prompts"]], state["texts"],
                        state["scores"], state["acc"], state["failed"], preds=state.get("preds", []),
-                       extras=state.get("extras", []))
+                       extras=state.get("extras", []), timed_out=state.get("timed_out"))
 
 
 class AsyncSource:

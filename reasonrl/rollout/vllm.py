@@ -26,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from reasonrl.errors import InputError, error_line
 from reasonrl.rollout.base import declares
 from reasonrl.rollout.hf import assemble, eos_tuple, pad_prompts
 from reasonrl.rollout.seeds import check_seeds, row_seeds
@@ -38,11 +39,11 @@ INSTALL_HINT = (
 
 
 def import_vllm():
-    """The ``vllm`` module, or an ImportError that says how to install it."""
+    """The ``vllm`` module, or an InputError that says how to install it (a restart would not help)."""
     try:
         import vllm
     except ImportError as err:
-        raise ImportError(f"{INSTALL_HINT} ({err})") from None
+        raise InputError(f"{INSTALL_HINT} ({error_line(err)})") from None
     return vllm
 
 

@@ -54,6 +54,9 @@ from reasonrl.runtime.group import WorkerDied, WorkerTimeout, gather
 from reasonrl.runtime.placement import Plan, check_fits
 from reasonrl.runtime.threads import available_cores
 
+INSTALL = "pip install 'reasonrl[ray]'"
+"""How to install Ray (the ray extra), as errors about a missing ray say."""
+
 OBJECT_STORE_BYTES = 256 * 2**20
 """Object store of a cluster :func:`connect` starts: weights updates and batches pass
 through it; an object larger than what is free spills to disk."""
@@ -132,7 +135,11 @@ def connect(runtime_cfg: RuntimeConfig, cpus: int | None = None, *, object_store
     local = address in ("", "local")
     if (local or _loopback_host(address)) and "ray" not in sys.modules:
         os.environ[_LOCAL_ONLY] = "0"
-    import ray
+    try:
+        import ray
+    except ImportError as err:
+        raise InputError(f"runtime.engine = 'ray' needs the ray package, which cannot be imported ({error_line(err)}); "
+                         f"install it with {INSTALL}") from None
 
     if ray.is_initialized():
         return RayCluster(ray.get_runtime_context().gcs_address, started=False, keeper=None)

@@ -6,8 +6,9 @@
                   concurrent=FLEET_CONCURRENT, wrap=faults)
 
 A role runs ``inline`` (in the controller's process, called in the caller's thread: the
-policy's rank 0, the reference and critic on one machine, reward grading and environments
-with no workers of their own), on a ``thread`` of the controller's process (rollout workers
+policy's rank 0, the reference and critic on one machine, reward grading with
+``runtime.roles.reward.count=0`` (but ``math_verify``, which always gets a worker process), and
+environments with no workers of their own), on a ``thread`` of the controller's process (rollout workers
 colocated with the policy: they sample from the policy's own module, so they exist only at
 staleness 0), in a ``process`` of its own (rollout workers with their own weights, reward
 and environment workers, trainer ranks 1..N-1) or as a ``ray`` actor (every role but the
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reasonrl.config import Config
-from reasonrl.config.rules import rollout_shares_policy
+from reasonrl.config.rules import reward_workers, rollout_shares_policy, unbounded_rewards, unlimited_rewards
 from reasonrl.errors import InputError
 from reasonrl.runtime.group import LocalGroup, ThreadGroup
 from reasonrl.runtime.pool import PoolStart
@@ -156,8 +157,14 @@ def plan(cfg: Config) -> Topology:
             threads=rollout.threads or max(1, rollout_cores // rollout.count))
     if roles.reward.count:
         add("reward", remote, roles.reward.count, "a pool for the rollout producer and one for validation", pools=2)
+    elif reward_workers(cfg):
+        add("reward", "process", 1, f"{', '.join(unbounded_rewards(cfg))}: no time limit of its own, so one worker "
+            "process per pool (the rollout producer's and validation's), killed at its timeout", pools=2)
     else:
-        add("reward", "inline", 1, "graded on the rollout producer's thread; no time limit per sample")
+        unlimited = unlimited_rewards(cfg)
+        add("reward", "inline", 1, f"{', '.join(unlimited)}: graded on the rollout producer's thread, no time limit "
+            "per sample (runtime.roles.reward.count >= 1 gives one)" if unlimited else
+            f"{cfg.reward.fn}: graded on the rollout producer's thread, a rule that ends in bounded time")
     if cfg.env.name:
         if roles.env.count:
             add("env", "process", roles.env.count, "environment processes of each rollout worker"

@@ -60,7 +60,7 @@ class RewardWorker:
             scores = scores + penalty
             extras = [{**x, "overlong_penalty": p} for x, p in zip(extras, penalty.tolist())]
         return ScoredBatch(rollout, prompts, texts, scores.to(device), grades.acc.to(device), grades.failed.to(device),
-                           grades.errors, grades.preds, extras)
+                           grades.errors, grades.preds, extras, grades.timed_out.to(device))
 
     def resize(self, count: int) -> None:
         """Grade with ``count`` reward workers from the next batch on (:meth:`RewardPool.resize`)."""

@@ -63,6 +63,24 @@ def test_episodes_run_on_two_rollout_workers_each_episode_on_one(tmp_path, mode)
     assert (tmp_path / "run" / "final" / "config.json").is_file()
 
 
+@pytest.mark.parametrize("env, needles", [
+    ("HangingReset", ["reset(3), the first observation of a train prompt",
+                      "reset() took longer than runtime.roles.env.timeout_s = 2s"]),
+    ("HugeObservation", ["reset(0)", "2,000,000 characters, more than the 100,000"]),
+    ("RaisingReset", ["reset(1)", "RuntimeError: no board for seed 1"]),
+])
+def test_a_reset_that_hangs_floods_or_raises_fails_the_pre_start_check_with_one_line(capsys, tmp_path, env, needles):
+    """The pre-start check resets the environment for every initial state in a worker process
+    killed at runtime.roles.env.timeout_s: exit 2, one line naming the seed and the limit."""
+    code = main(["train", "grpo", "--dry-run", f"run.dir={tmp_path / 'run'}", f"env.name=tests.env_fixtures:{env}",
+                 "runtime.roles.env.timeout_s=2", "data.train_size=8", "data.test_size=2", "run.progress=false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not any("Traceback" in line for line in err), err
+    assert err[-1].startswith(f"reasonrl train: error: env.name = 'tests.env_fixtures:{env}': "), err
+    assert all(needle in err[-1] for needle in needles), err[-1]
+    assert not (tmp_path / "run").exists()
+
+
 def test_environments_that_hang_or_raise_end_their_episodes_as_failed_and_the_run_completes(tmp_path):
     run_dir, rows = _run(tmp_path, "env.name=tests.env_fixtures:FlakyBySeed", "env.max_turns=1", "runtime.roles.env.count=2",
                          "runtime.roles.env.timeout_s=1.0")

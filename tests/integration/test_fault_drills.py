@@ -105,5 +105,6 @@ def test_nan_reward_faults_and_a_slow_worker_are_handled_in_process(model_dir, t
     before, after = rows[slow["step"]], rows[slow["step"] + 1]
     assert before["rollout/worker1/groups"] >= before["rollout/worker0/groups"] - 2  # shared alike until the detection
     assert after["rollout/worker1/groups"] < after["rollout/worker0/groups"]  # then work moved away from worker 1
-    assert rows[5]["train/reward_failed"] == 2 and rows[3]["actor/nonfinite_skips"] >= 1
+    assert rows[5]["train/reward_failed"] == 2 and rows[5]["reward/timeouts"] == 2 and rows[6]["reward/timeouts"] == 0
+    assert rows[3]["actor/nonfinite_skips"] >= 1
     assert "crash" not in kinds and "killed" not in kinds

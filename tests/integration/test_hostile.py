@@ -40,6 +40,34 @@ def assert_fatal(code, err, *needles):
         assert needle in err[-1], (needle, err[-1])
 
 
+def test_a_missing_extra_is_one_exit_2_line_naming_it_before_anything_loads(capsys, model_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError, as when it is not installed
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    assert_fatal(*train(capsys, model_dir, tmp_path / "a", "runtime.engine=ray"), "runtime.engine = 'ray'",
+                 "pip install 'reasonrl[ray]'")
+    assert_fatal(*train(capsys, model_dir, tmp_path / "b", "rollout.backend=vllm"), "pip install 'reasonrl[vllm]'")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_ray_that_fails_to_import_ends_a_supervised_run_with_one_exit_2_line_and_no_restart(model_dir, tmp_path):
+    """A ray package that is there but cannot be imported passes preflight's look-up; the trainer's
+    import of it is then an input error: exit 2 at once, one line, never restarted."""
+    broken = tmp_path / "site" / "ray"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("ray is broken here")\n')
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(broken.parent), os.getcwd()])}
+    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run),
+                           "runtime.engine=ray"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["reasonrl train: error: runtime.engine = 'ray' needs the ray package, which cannot be imported "
+                      "(ImportError: ray is broken here); install it with pip install 'reasonrl[ray]'"], proc.stderr
+    kinds = [e["kind"] for e in read_jsonl(run / "events.jsonl")]
+    assert "fatal" in kinds and not {"crash", "killed", "hang", "recovered"} & set(kinds), kinds
+
+
 @pytest.mark.parametrize("override, key", [
     ("train.grad_clip=-1", "train.grad_clip"),
     ("train.lr=.inf", "train.lr"),
@@ -118,6 +146,52 @@ def test_a_refused_resume_writes_nothing_and_changed_data_needs_consent(capsys, 
     assert code == 0, err
     changed = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "data_changed"]
     assert len(changed) == 1 and changed[0]["step"] == 2
+
+
+class _CallsAFunction:
+    """Pickled as a call of ``os.getpid``: a global ``torch.load(weights_only=True)`` refuses."""
+
+    def __reduce__(self):
+        return os.getpid, ()
+
+
+def _poison_state(checkpoint):
+    """Replace ``checkpoint``'s state.pt with a pickle that ``torch.load(weights_only=True)``
+    refuses, its manifest and COMMITTED marker rewritten to match: the checkpoint verifies and
+    cannot be loaded."""
+    import hashlib
+
+    state = checkpoint / "state.pt"
+    torch.save({"controller": _CallsAFunction()}, state)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = {"size": state.stat().st_size, "sha256": hashlib.sha256(state.read_bytes()).hexdigest()}
+    raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+    (checkpoint / "manifest.json").write_bytes(raw)
+    (checkpoint / "COMMITTED").write_bytes(hashlib.sha256(raw).hexdigest().encode() + b"\n")
+
+
+def test_a_checkpoint_that_verifies_but_cannot_be_loaded_falls_back_to_the_one_before(capsys, model_dir, tmp_path):
+    run = tmp_path / "run"
+    assert train(capsys, model_dir, run, "checkpoint.every_steps=1", steps=2)[0] == 0
+    _poison_state(run / "checkpoints" / "step_2")
+    assert find_latest(run / "checkpoints") == run / "checkpoints" / "step_2"  # its hashes match
+    code, err = train(capsys, model_dir, run, "checkpoint.every_steps=1", steps=3)
+    assert code == 0, err
+    events = read_jsonl(run / "events.jsonl")
+    skipped = [e for e in events if e["kind"] == "checkpoint_skipped"]
+    assert [(e["step"], e["path"]) for e in skipped] == [(2, str(run / "checkpoints" / "step_2"))]
+    assert "state.pt: cannot be loaded" in skipped[0]["reason"] and "GLOBAL posix.getpid" in skipped[0]["reason"]
+    resume = [e for e in events if e["kind"] == "resume"][-1]
+    assert resume["from_step"] == 1 and resume["path"] == str(run / "checkpoints" / "step_1")
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]  # step 2 trained again, row replaced
+
+    alone = tmp_path / "alone"  # no checkpoint before it: exit 2 naming it, nothing restarted or written
+    assert train(capsys, model_dir, alone, "checkpoint.every_steps=1", steps=1)[0] == 0
+    _poison_state(alone / "checkpoints" / "step_1")
+    before = files(alone)
+    assert_fatal(*train(capsys, model_dir, alone, "checkpoint.every_steps=1", steps=2),
+                 str(alone / "checkpoints" / "step_1" / "state.pt"), "cannot be loaded", "no earlier checkpoint loads")
+    assert files(alone) == before
 
 
 def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_training_goes_on(capsys, model_dir, tmp_path):

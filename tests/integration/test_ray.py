@@ -21,7 +21,9 @@ from reasonrl.config import RuntimeConfig, load
 from reasonrl.errors import InputError, LimitError
 from reasonrl.runtime import WorkerDied, WorkerTimeout, gather
 from reasonrl.runtime import ray as rayrt
+from reasonrl.reward import FAILURE_SCORE
 from reasonrl.reward.pool import RewardPool
+from reasonrl.runtime.pool import PoolStart
 from reasonrl.runtime.placement import check_fits, parse_placement
 from reasonrl.runtime.topology import plan as plan_topology, pool_start
 from reasonrl.types import WeightsUpdate
@@ -137,6 +139,19 @@ def test_a_killed_actor_fails_its_calls_with_worker_died_and_restart_brings_it_b
         assert group.call("add", 1) == [1, 6]  # a new worker from the same arguments; the other kept its state
     finally:
         group.close()
+
+
+def test_a_hostile_math_verify_answer_is_cut_at_the_time_limit_in_a_reward_actor(cluster):
+    """Ray runs an actor's calls off its main thread, where math-verify's alarms never fire: the
+    actor is killed at the pool's 4 s limit instead, the power tower is a failure counted as a
+    timeout, and the next actor grades."""
+    pytest.importorskip("math_verify")
+    tower = "\\boxed{" + "9^{" * 12 + "9" + "}" * 12 + "}"
+    start = PoolStart("reward", 1, 4, where="ray", ray_options={"resources": [{"CPU": 0.5}]})
+    with RewardPool("math_verify", start) as pool:
+        grades = pool.score([tower, "\\boxed{\\frac{1}{2}}"], ["1", "0.5"])
+    assert grades.scores.tolist() == [FAILURE_SCORE, 1.0] and grades.timed_out.tolist() == [True, False]
+    assert grades.errors == ["sample 0: timeout after 4s"]
 
 
 def test_reward_workers_are_actors_placed_by_runtime_roles_reward_and_a_timeout_fails_one_sample(cluster):

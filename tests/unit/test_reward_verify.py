@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 
 import pytest
 
+from reasonrl.config import load
+from reasonrl.config.rules import reward_workers
 from reasonrl.errors import InputError
-from reasonrl.reward import boxed_score, dapo_score, load_reward_fn
+from reasonrl.reward import FAILURE_SCORE, boxed_score, dapo_score, load_reward_fn
 from reasonrl.reward.pool import RewardPool
 from reasonrl.runtime.pool import PoolStart
-from reasonrl.reward.verify import TIMEOUT_S
+from reasonrl.runtime.topology import plan as plan_topology
+
+TOWER = "\\boxed{" + "9^{" * 12 + "9" + "}" * 12 + "}"
+"""A power tower SymPy evaluates for ever (minutes here), holding the interpreter's lock."""
 
 pytest.importorskip("math_verify")
 
@@ -60,7 +64,6 @@ def test_the_string_rules_really_miss_them():
 
 
 def test_math_verify_outside_the_main_thread_still_scores():
-    """math-verify's alarms need the main thread; elsewhere the call runs without them."""
     fn, out = load_reward_fn("math_verify"), {}
     worker = threading.Thread(target=lambda: out.update(fn("Answer: \\frac{2}{4}", "0.5")))
     worker.start()
@@ -74,17 +77,48 @@ def test_math_verify_in_reward_worker_processes():
     assert g.acc.tolist() == [True, False] and g.scores.tolist() == [1.0, -1.0] and not g.failed.any()
 
 
-def test_a_pathological_answer_returns_in_bounded_time_inside_a_worker_process():
-    """A power tower that SymPy would evaluate for ever: math-verify's alarm (TIMEOUT_S, the
-    worker's main thread) ends the comparison, the sample is wrong, not failed, and the worker
-    scores the next one."""
-    tower = "\\boxed{" + "9^{" * 12 + "9" + "}" * 12 + "}"
-    with RewardPool("math_verify", PoolStart("reward", 1, 30)) as pool:
-        start = time.monotonic()
-        g = pool.score([tower, "\\boxed{2}"], ["1", "2"])
-        elapsed = time.monotonic() - start
-    assert g.acc.tolist() == [False, True] and not g.failed.any()
-    assert elapsed < 3 * TIMEOUT_S + 5
+def test_a_400_term_chain_is_right_in_the_main_thread_too():
+    """x=x=...=x (400 terms) takes about 3 s to compare here: math-verify's own 3 s alarm, armed
+    on a main thread only, made it right or wrong by the machine's load. With no alarm it is
+    right on the main thread as on any other."""
+    result = load_reward_fn("math_verify")("\\boxed{" + "=".join(["x"] * 400) + "}", "x")
+    assert result["acc"] is True and result["score"] == 1.0
+
+
+def test_a_hostile_answer_is_cut_at_the_time_limit_when_graded_off_the_main_thread():
+    """The tower, graded by a pool driven from a thread (as the rollout producer does): its
+    worker is killed at the 5 s limit, the sample is a failure counted as a timeout (twice
+    alike), and the replaced worker grades the next sample."""
+    out = {}
+
+    def grade() -> None:
+        with RewardPool("math_verify", PoolStart("reward", 1, 5)) as pool:
+            out["first"] = pool.score([TOWER, "\\boxed{2}"], ["1", "2"])
+            out["again"] = pool.score([TOWER], ["1"])
+
+    worker = threading.Thread(target=grade)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+    first, again = out["first"], out["again"]
+    assert first.scores.tolist() == [FAILURE_SCORE, 1.0] and first.acc.tolist() == [False, True]
+    assert first.failed.tolist() == [True, False] and first.timed_out.tolist() == [True, False]
+    assert first.errors == ["sample 0: timeout after 5s"]
+    assert again.scores.tolist() == [FAILURE_SCORE] and again.timed_out.tolist() == [True]
+
+
+def test_math_verify_gets_a_worker_per_pool_even_at_count_0_and_the_other_functions_none():
+    math = load(None, ["reward.fn=math_verify"])
+    assert reward_workers(math) == 1
+    assert (plan_topology(math)["reward"].where, plan_topology(math)["reward"].pools) == ("process", 2)
+    by_source = load(None, ["reward.by_source=[a=gsm8k,b=math_verify]"])
+    assert reward_workers(by_source) == 1 and plan_topology(by_source)["reward"].detail.startswith("math_verify: ")
+    for rule in ("dapo", "boxed", "gsm8k", "code"):
+        cfg = load(None, [f"reward.fn={rule}"])
+        assert reward_workers(cfg) == 0 and "a rule that ends in bounded time" in plan_topology(cfg)["reward"].detail
+    custom = plan_topology(load(None, ["reward.fn=tests.reward_fixtures:coin"]))["reward"]
+    assert custom.where == "inline" and "no time limit per sample" in custom.detail  # the plan says so
+    assert reward_workers(load(None, ["reward.fn=math_verify", "runtime.roles.reward.count=3"])) == 3
 
 
 def test_a_missing_math_verify_is_an_input_error_naming_the_extra(monkeypatch):

@@ -5,11 +5,12 @@ import sys
 
 import pytest
 
+from reasonrl.errors import InputError
 from reasonrl.rollout.vllm import VLLMGenerator
 
 
 def test_vllm_backend_without_vllm_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # any import of vllm now raises ImportError
-    with pytest.raises(ImportError) as err:
+    with pytest.raises(InputError) as err:  # exit 2 in a run: a restart would not install it
         VLLMGenerator("model-dir", "cpu", 0, 1)
     assert str(err.value).startswith("rollout.backend=vllm needs the vllm package: pip install 'reasonrl[vllm]'"), err.value

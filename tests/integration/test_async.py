@@ -241,7 +241,7 @@ def _assert_every_prompt_used_once(run_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("staleness", [0, 1, 2])
+@pytest.mark.parametrize("staleness", [0, 2])  # no queue, and a queue two versions deep
 def test_an_async_run_killed_in_generation_in_the_update_and_during_a_scale_change_loses_no_sample(
         model_dir, tmp_path, staleness):
     faults = "faults=[sigkill@3:stage=gen,sigkill@5:stage=update_actor]"  # with groups queued at staleness > 0

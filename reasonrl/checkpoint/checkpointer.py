@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from reasonrl.checkpoint.registry import StateRegistry
 from reasonrl.checkpoint.store import (CheckpointCorruptError, CheckpointInfo, CheckpointWriteError, CheckpointWriter,
-                                      list_checkpoints, load_checkpoint)
+                                      find_latest, list_checkpoints, load_checkpoint)
 from reasonrl.config import Config, config_hash
 from reasonrl.data.sources import source_name
 from reasonrl.errors import LimitError, ResumeError, error_line

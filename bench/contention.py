@@ -3,9 +3,11 @@
 Each cell trains the DAPO demo recipe (``recipes/dapo.yaml``, the embedded warm start) for a few
 steps as ``reasonrl train --no-supervisor``, with ``--competitors`` busy processes running beside
 it (each a Python loop that never sleeps: a build, a test or another user's job on a shared
-machine), under each of ``--policies``: ``passive``, reasonrl's default (``OMP_WAIT_POLICY=PASSIVE``:
-torch's OpenMP threads sleep at once at a barrier), and ``spin``, libgomp's own default
-(``GOMP_SPINCOUNT=300000``: they spin that many iterations first). The cells of a repeat run in a rotated order, so each sees the same machine drift.
+machine), under each of ``--policies``: ``auto``, reasonrl's choice (sleep when other work keeps half a
+core busy as the run starts, else libgomp's default), ``passive`` (``OMP_WAIT_POLICY=PASSIVE``:
+torch's OpenMP threads sleep at once at a barrier), ``spin``, libgomp's own default
+(``GOMP_SPINCOUNT=300000``: they spin that many iterations first), and ``brief``
+(``GOMP_SPINCOUNT=10000``). The cells of a repeat run in a rotated order, so each sees the same machine drift.
 Reported: the median step time (``timing_s/step`` of steps 2..N: step 1 pays the first
 weights sync) per policy and number of competitors, and its ratio to the same policy alone.
 On C cores beside k single-threaded competitors a run's fair share of the machine is
@@ -31,9 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "dapo.yaml"
 BUSY = "while True:\n    pass\n"
-POLICIES = {"passive": {}, "spin": {"GOMP_SPINCOUNT": "300000"}}
-"""The environment of each wait policy; ``passive`` is what reasonrl's CLI sets when neither
-variable is set (reasonrl/runtime/threads.py: sleeping_openmp_waits)."""
+POLICIES = {"auto": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin": {"GOMP_SPINCOUNT": "300000"},
+            "brief": {"GOMP_SPINCOUNT": "10000"}}
+"""The environment of each wait policy; ``auto`` sets neither variable, so the CLI chooses
+(reasonrl/runtime/threads.py: openmp_waits)."""
 
 
 def log(*parts) -> None:
@@ -63,7 +66,7 @@ def step_time(run_dir: Path, policy: str, competitors: int, steps: int, seed: in
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--competitors", default="0,1,2")
-    ap.add_argument("--policies", default="spin,passive")
+    ap.add_argument("--policies", default="auto,spin,passive")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()

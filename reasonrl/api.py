@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from reasonrl.config import Config, dump
 from reasonrl.errors import FatalError
 from reasonrl.metrics import console_fields, final_summary, read_jsonl
-from reasonrl.runtime.threads import sleeping_openmp_waits
+from reasonrl.runtime.threads import openmp_waits
 
 StepCallback = Callable[[int, dict[str, Any]], None]
 """``on_step(step, metrics)``: a row of ``metrics.jsonl`` as it is written."""
@@ -46,7 +46,7 @@ def train(cfg: Config, on_step: StepCallback | None = None, *, supervise: bool =
 
     SIGINT (Ctrl-C, a notebook's interrupt) stops after the current step with a checkpoint
     and raises KeyboardInterrupt; SIGTERM likewise raises SystemExit(143)."""
-    sleeping_openmp_waits()  # for the processes it starts, and this one if torch is not loaded yet
+    openmp_waits()  # for the processes it starts, and this one if torch is not loaded yet
     if supervise and on_step is not None:
         raise ValueError("reasonrl.train: on_step is called in the training process, and supervise=True trains in a "
                          "child process; follow RUN_DIR/metrics.jsonl instead, or train with supervise=False")
@@ -146,7 +146,7 @@ def evaluate(cfg: Config, model: str | Path | Sequence[str | Path] | None = None
     (:mod:`reasonrl.evaluation`). Every sample record goes to ``samples`` (default
     ``eval_results/eval-<UTC time>.jsonl``). Returns the sampling settings, the samples path and
     per model and data source the prompt count and each metric's ``{"mean", "stderr"}``."""
-    sleeping_openmp_waits()
+    openmp_waits()
     from reasonrl.evaluation import default_samples_path, evaluate_models, results_json
 
     out = Path(samples) if samples else default_samples_path()

@@ -37,7 +37,7 @@ from reasonrl.config import RECIPES, dump_text, keys_help, load, load_recipe, re
 from reasonrl.errors import EXIT_FATAL, FatalError, InputError, InputNotFound, error_line
 from reasonrl.preflight import preflight, same_run
 from reasonrl.resilience.rundir import SUPERVISOR_ENV
-from reasonrl.runtime.threads import sleeping_openmp_waits
+from reasonrl.runtime.threads import openmp_waits
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Check the run (:mod:`reasonrl.preflight`), then train; by default in a supervised child
@@ -529,9 +529,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+TRAINING_COMMANDS = ("train", "demo", "sft", "eval", "sweep", "drill")
+"""The commands that run torch: how its OpenMP threads wait is chosen before they load it."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    sleeping_openmp_waits()  # before anything loads torch, here or in a process started from here
     args = parse_args(argv)
+    if args.command in TRAINING_COMMANDS:
+        openmp_waits()  # before anything loads torch, here or in a process started from here
     try:
         return args.fn(args)
     except FatalError as err:

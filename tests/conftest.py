@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from reasonrl.runtime.threads import sleeping_openmp_waits
-
-sleeping_openmp_waits()  # as the CLI does, before torch loads here: the runs in this process wait as a run does
+# make test runs two workers and their runs' processes on two cores: the threads sleep at a
+# barrier, as a run beside other work does (reasonrl.runtime.threads.openmp_waits)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 import torch

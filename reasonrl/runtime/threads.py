@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 
 def setup_torch(threads: int, deterministic: bool) -> None:
@@ -70,16 +71,41 @@ def _own_cgroups() -> list[tuple[str, str]]:
     return [(parts[1], parts[2]) for parts in (line.split(":", 2) for line in lines) if len(parts) == 3]
 
 
-def sleeping_openmp_waits() -> None:
-    """Make torch's OpenMP threads sleep, not spin, while they wait at a barrier
-    (``OMP_WAIT_POLICY=PASSIVE``), in this process and every process it starts, unless the
-    environment already sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``. Call it before torch
-    loads: libgomp reads the variables once, when it is loaded.
+def openmp_waits() -> str:
+    """Choose how torch's OpenMP threads wait at a barrier, for this process and every process it
+    starts, before torch loads (libgomp reads the variables once, when it is loaded); returns
+    the choice in words. An ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` of the environment stands.
+    Otherwise, when other work keeps at least half a core busy (:func:`others_busy_cores`),
+    the threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``); on an idle machine libgomp's
+    default stands: they spin about 300,000 iterations first.
 
-    By default libgomp's threads spin for about 300,000 iterations at every barrier before they
-    sleep. On a machine whose cores other work also uses, a spinning thread holds a core that
-    the thread everyone waits for needs, and each parallel region waits for a descheduled
-    thread: a DAPO step of the embedded recipe took 46-101 s beside other jobs with spinning
-    waits and 2.1-5.6 s with sleeping ones (``bench/contention.py``, docs/benchmarks.md)."""
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    Measured with ``bench/contention.py`` (docs/benchmarks.md): spinning is 1.4x faster on an
+    idle machine (a DAPO step of the embedded recipe: 0.69-0.71 s against 0.94-1.01 s), but
+    beside one busy process on 2 cores a spinning thread holds the core the awaited thread
+    needs: 2.42-2.46 s a step against 1.26-1.32 s sleeping, and beside several agents' jobs
+    46-101 s against 2.1-5.6 s."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return "as the environment sets them"
+    busy = others_busy_cores()
+    if busy >= 0.5:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        return f"sleeping (OMP_WAIT_POLICY=PASSIVE): other work keeps {busy:.1f} cores busy"
+    return "spinning first (libgomp's default): the machine is idle"
+
+
+def others_busy_cores(seconds: float = 0.2) -> float:
+    """Cores the machine's processes kept busy over ``seconds`` while this one slept (from
+    ``/proc/stat``; 0.0 where it cannot be read)."""
+    def busy_and_total() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields) - fields[3] - fields[4], sum(fields)  # minus idle and iowait
+
+    try:
+        busy0, total0 = busy_and_total()
+        time.sleep(seconds)
+        busy1, total1 = busy_and_total()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    cores = os.cpu_count() or 1
+    return cores * (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0

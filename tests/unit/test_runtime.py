@@ -181,12 +181,16 @@ def test_a_cgroup_quota_reads_in_cores():
     assert 1 <= available_cores() <= len(os.sched_getaffinity(0))
 
 
-@pytest.mark.parametrize("env, expected", [({}, "PASSIVE"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"),
-                                           ({"GOMP_SPINCOUNT": "1000"}, None)])
-def test_openmp_threads_sleep_at_barriers_unless_the_environment_says_otherwise(env, expected):
-    code = ("import os, sys\nfrom reasonrl.cli import main\nmain(['config', 'dapo', '--keys'])\n"
-            "import torch\nprint(os.environ.get('OMP_WAIT_POLICY'), file=sys.stderr)")
+@pytest.mark.parametrize("env, expected", [({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"), ({"GOMP_SPINCOUNT": "1000"}, "None"),
+                                           ({"BUSY": "2"}, "PASSIVE")])
+def test_openmp_threads_sleep_at_barriers_beside_other_work_unless_the_environment_says_otherwise(env, expected):
+    # BUSY: that many processes that never sleep run while the choice is made (two cores' worth)
+    code = ("import os, subprocess, sys, time\n"
+            "busy = [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(int(os.environ.get('BUSY', 0)))]\n"
+            "time.sleep(0.5)\n"
+            "from reasonrl.runtime.threads import openmp_waits\nprint(openmp_waits(), file=sys.stderr)\n"
+            "[p.kill() for p in busy]\nprint(os.environ.get('OMP_WAIT_POLICY'), file=sys.stderr)")
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stderr.strip().splitlines()[-1] == str(expected)
+    assert done.stderr.strip().splitlines()[-1] == expected, done.stderr

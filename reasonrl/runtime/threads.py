@@ -96,16 +96,19 @@ def openmp_waits() -> str:
 def others_busy_cores(seconds: float = 0.2) -> float:
     """Cores the machine's processes kept busy over ``seconds`` while this one slept (from
     ``/proc/stat``; 0.0 where it cannot be read)."""
-    def busy_and_total() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return sum(fields) - fields[3] - fields[4], sum(fields)  # minus idle and iowait
-
     try:
-        busy0, total0 = busy_and_total()
+        busy0, total0 = cpu_jiffies()
         time.sleep(seconds)
-        busy1, total1 = busy_and_total()
+        busy1, total1 = cpu_jiffies()
     except (OSError, ValueError, IndexError):
         return 0.0
     cores = os.cpu_count() or 1
     return cores * (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0
+
+
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine since boot, in clock ticks, from
+    ``/proc/stat`` (busy: all but idle and iowait); OSError where it is absent."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)

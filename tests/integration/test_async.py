@@ -296,8 +296,8 @@ def test_reasonrl_scale_grows_an_async_fleet_to_three_and_back_to_one_and_loses_
     assert [w for w, _ in scaled] == [3, 1] and 4 <= scaled[0][1] < scaled[1][1]
     assert [(e["workers"], e["step"]) for e in events if e["kind"] == "reward_scaled"] == [(2, scaled[0][1])]
     assert sorted(j["worker"] for j in joins[:2]) == [1, 2] and all(j["reason"] == "scale" for j in joins[:2])
-    for j in joins[:2]:  # it serves the weights current when it joined: the version of the steps done (one
-        assert j["step"] - 1 <= j["version"] <= j["step"], j  # fewer while the step's update is being published
+    for j in joins[:2]:  # it serves the weights current when it joined: an event's step counts the steps done, and
+        assert j["step"] <= j["version"] <= j["step"] + 1, j  # the next step's update is current while it is published
     left = [e["worker"] for e in events if e["kind"] == "rollout_worker_left"]
     assert sorted(left) == [1, 2]
     rows = read_jsonl(tmp_path / "metrics.jsonl")

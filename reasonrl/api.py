@@ -57,10 +57,10 @@ def train(cfg: Config, on_step: StepCallback | None = None, *, supervise: bool =
     if plan.state.kind == "complete" and same_run(cfg):
         print(complete_line(cfg), flush=True)
         return rows_summary(Path(cfg.run.dir), fields)
+    if supervise:  # the supervisor's first child checks the run again and prints its plan
+        return _train_supervised(cfg, fields)
     print(f"memory: {plan.memory}", flush=True)
     print("roles:\n" + "\n".join(f"  {line}" for line in plan.topology.lines()), flush=True)
-    if supervise:
-        return _train_supervised(cfg, fields)
     summary, stopped_by = train_in_process(cfg, on_step)
     if stopped_by is not None:
         _stopped(cfg, stopped_by)

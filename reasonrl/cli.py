@@ -35,17 +35,30 @@ from pathlib import Path
 from reasonrl import __version__
 from reasonrl.config import RECIPES, dump_text, keys_help, load, load_recipe, recipe_path
 from reasonrl.errors import EXIT_FATAL, FatalError, InputError, InputNotFound, error_line
-from reasonrl.preflight import preflight, same_run
-from reasonrl.resilience.rundir import SUPERVISOR_ENV
+from reasonrl.preflight import preflight, run_state, same_run
+from reasonrl.resilience.rundir import ATTEMPT_ENV, SUPERVISOR_ENV
 from reasonrl.runtime.threads import openmp_waits
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Check the run (:mod:`reasonrl.preflight`), then train; by default in a supervised child
-    process that is restarted after failures. ``--dry-run``: only the checks and the plan."""
+    process that is restarted after failures. ``--dry-run``: only the checks and the plan.
+
+    Supervised, the checks run in the supervisor's first child, which loads torch and
+    ``transformers`` to train anyway (a restart skips them): the supervisor itself stays a
+    small process that loads neither. It only finds a complete run complete, and takes the
+    run directory's lock."""
     recipe = recipe_path(args.recipe)
     cfg = load(recipe, args.overrides)
-    if SUPERVISOR_ENV in os.environ:  # a trainer its supervisor started, after these checks
-        return _train_here(cfg)
+    if SUPERVISOR_ENV in os.environ and os.environ.get(ATTEMPT_ENV, "1") != "1":
+        return _train_here(cfg)  # a restart: the first child checked this run
+    if not args.no_supervisor and cfg.resilience.supervise and not args.dry_run:
+        if run_state(cfg).kind == "complete" and same_run(cfg):
+            print(complete_summary(cfg))
+            return 0
+        from reasonrl.resilience.supervisor import train_supervised
+
+        return train_supervised(cfg, [sys.executable, "-m", "reasonrl.cli", "train", "--no-supervisor", str(recipe),
+                                      *args.overrides])
     plan = preflight(cfg)
     if args.dry_run:
         print(plan.describe())
@@ -55,11 +68,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     print(f"memory: {plan.memory}", flush=True)
     print("roles:\n" + "\n".join(f"  {line}" for line in plan.topology.lines()), flush=True)
-    if args.no_supervisor or not cfg.resilience.supervise:
-        return _train_here(cfg)
-    from reasonrl.resilience.supervisor import train_supervised
-
-    return train_supervised(cfg, [sys.executable, "-m", "reasonrl.cli", "train", "--no-supervisor", str(recipe), *args.overrides])
+    return _train_here(cfg)
 
 
 def _train_here(cfg) -> int:

@@ -32,6 +32,9 @@ LOCK_FD_ENV = "REASONRL_RUN_LOCK_FD"
 """The inherited file descriptor of the run lock, set by the supervisor for its child."""
 SUPERVISOR_ENV = "REASONRL_SUPERVISOR_PID"
 """The supervisor's pid, set for its child: the child stops when that process is gone."""
+ATTEMPT_ENV = "REASONRL_ATTEMPT"
+"""Which of the supervisor's children this is, set for each: "1" for the first, which checks the
+run (:mod:`reasonrl.preflight`) before it trains; a restart does not check it again."""
 OURS = ("config.yaml", LOCK_FILE)
 """A non-empty run directory holding neither of these was not written by reasonrl."""
 ORPHAN_GRACE_S = 10.0

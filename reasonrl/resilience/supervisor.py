@@ -21,10 +21,16 @@ step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind`
 - ``gave_up``: ``restarts``, ``message``. ``stopped``: ``signal``, ``returncode``.
   ``done``: ``restarts``, ``wall_s``. ``fatal``: ``returncode`` (2) and ``message``, the
   child's last stderr line: an error a restart would meet again (:mod:`reasonrl.errors`),
-  which ends supervision at once. A child that exits 2 in a directory holding a run
-  (``config.yaml``) before any child of this supervision passed its resume check (its
-  ``resume`` event) may have refused the directory as another run's: the supervisor then
-  writes nothing (no event, no ``summary.json``; ``SupervisorResult.refused``).
+  which ends supervision at once. A child that exits 2 before the directory is this run's
+  refused the run: its checks (:mod:`reasonrl.preflight`, in the first child) failed, or its
+  resume check found another run's directory. The supervisor then writes nothing (no event, no
+  ``summary.json``; ``SupervisorResult.refused``), and :func:`train_supervised` removes the
+  directory again when it made it. The directory is this run's once a child of this
+  supervision has written to it (anything beside ``run.lock``) where it held no run, or has
+  passed its resume check (its ``resume`` event) where it held one (``config.yaml``).
+
+Each child gets ``REASONRL_ATTEMPT`` (:data:`~reasonrl.resilience.rundir.ATTEMPT_ENV`): 1 for
+the first, which checks the run before it trains, 2 and up for the restarts, which do not.
 
 A failure counts as recovered only once a restarted child has trained a step past the one it
 resumed from (or has finished the run). ``summary.json`` holds the figures of
@@ -54,7 +60,7 @@ from reasonrl.errors import EXIT_FATAL, WriteError
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.guards import read_hang_dump
-from reasonrl.resilience.rundir import RunLock, check_run_dir
+from reasonrl.resilience.rundir import ATTEMPT_ENV, LOCK_FILE, RunLock, check_run_dir
 
 HANG_DUMP = "hang_dump.txt"
 """The stack dump the child's faulthandler watchdog writes before it exits."""
@@ -103,8 +109,8 @@ class RestartPolicy:
 class SupervisorResult:
     """How supervision ended: the last child's return code (negative: killed by that signal),
     the number of restarts, the failure events (as written), the seconds supervised, and
-    whether the child refused the run directory before its resume check passed (nothing was
-    written to it then)."""
+    whether the child refused the run before the directory was this run's (its checks failed,
+    or its resume check did: nothing was written to the directory then)."""
 
     returncode: int
     restarts: int
@@ -257,7 +263,8 @@ class _Supervisor:
         """Run children until one succeeds, a stop signal arrives or restarts run out."""
         started = time.monotonic()
         while True:
-            child = self.child = _Child(self.command, self.env, self.pass_fds)
+            env = {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 1)}
+            child = self.child = _Child(self.command, env, self.pass_fds)
             hang, detected = self._watch(child)
             child.reap()
             returncode = child.proc.returncode
@@ -269,7 +276,7 @@ class _Supervisor:
             if self.stop_signal is None and returncode == EXIT_FATAL:
                 # Bad config or data, a deterministic limit: the same command would fail the same way again.
                 if not self._ours():
-                    self.refused = True  # maybe another run's directory: leave it as it was
+                    self.refused = True  # its checks failed, or maybe another run's directory: leave it as it was
                     return returncode
                 tail = child.tail.text().strip()
                 self._emit("fatal", self._last_step(), returncode=returncode,
@@ -298,9 +305,11 @@ class _Supervisor:
                   + json.dumps({"kind": kind, "step": step, **shown}, default=str), file=sys.stderr, flush=True)
 
     def _ours(self) -> bool:
-        """Whether the run directory is this run's: it held no run when supervision began, or
-        a child of this supervision has passed its resume check (its ``resume`` event)."""
-        return not self.held_run or any(e["kind"] == "resume" and e["time"] >= self.began for e in _rows(self.events.path))
+        """Whether the run directory is this run's (the module docstring): a child of this
+        supervision has written to it where it held no run, or passed its resume check."""
+        if not self.held_run:
+            return any(p.name != LOCK_FILE for p in self.run_dir.iterdir())
+        return any(e["kind"] == "resume" and e["time"] >= self.began for e in _rows(self.events.path))
 
     def _watch(self, child: _Child) -> tuple[tuple[str, float] | None, float]:
         """Wait for the child to exit, logging recovery and killing it if its heartbeat goes
@@ -496,6 +505,16 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     write_atomic(Path(run_dir) / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
+def _remove_made(run_dir: Path) -> None:
+    """Remove the run directory :func:`train_supervised` made for a run its child refused: its
+    lock, then the directory if nothing else is in it."""
+    (run_dir / LOCK_FILE).unlink(missing_ok=True)
+    try:
+        run_dir.rmdir()
+    except OSError:
+        pass  # something else is in it: it stays
+
+
 def train_supervised(cfg: Config, command: list[str]) -> int:
     """Run ``command`` (a trainer) under the supervisor, holding the run directory's lock with
     it; write and print the run's summary (not when the child refused the directory:
@@ -506,12 +525,15 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
     heartbeat = 2 * r.hang_timeout_s if r.hang_timeout_s > 0 else float("inf")
     policy = RestartPolicy(max_restarts=r.max_restarts, backoff_s=r.backoff_s, heartbeat_timeout_s=heartbeat)
     run_dir = Path(cfg.run.dir)
+    made = not run_dir.exists()
     check_run_dir(run_dir)
     lock = RunLock(run_dir, "supervisor").acquire()
     try:
         pass_fds, env = lock.inherit()
         result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds)
-        if result.refused:  # the child said why; the directory stays as it was
+        if result.refused:  # the child said why; the directory stays as it was, or goes if it is ours
+            if made:
+                _remove_made(run_dir)
             return result.returncode
         summary = summarize_run(run_dir, wall_s=result.wall_s)
         try:

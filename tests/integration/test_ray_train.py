@@ -137,5 +137,4 @@ def test_a_cluster_that_does_not_answer_is_an_input_error_with_no_restart(model_
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"runtime.ray_address = {address!r}: could not join a Ray cluster there" in proc.stderr
     assert f"_node_ip_address='127.0.0.1'" in proc.stderr  # a loopback address is dialled on loopback
-    kinds = [e["kind"] for e in read_jsonl(tmp_path / "run" / "events.jsonl")]
-    assert "restart" not in " ".join(kinds) and kinds.count("fatal") == 1, kinds
+    assert not (tmp_path / "run").exists()  # nothing was written: no event, no restart, and the directory is gone

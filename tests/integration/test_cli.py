@@ -154,37 +154,6 @@ def test_a_normal_train_runs_the_same_checks_before_loading_anything(capsys, mod
 
 
 @pytest.mark.slow
-def test_a_supervised_run_is_checked_in_its_first_child_and_its_supervisor_loads_no_torch(model_dir, tmp_path):
-    """The supervisor stays a small process: the checks and the plan come from its first child
-    (once, not again at a restart), and a run they refuse leaves no directory behind."""
-    def supervised(run, *extra):
-        return [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run, 3), *extra]
-
-    refused = tmp_path / "refused"
-    proc = subprocess.run(supervised(refused, "rollout.max_new_tokens=250"), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith("reasonrl train: error: ") and "context of 256 tokens" in proc.stderr
-    assert not refused.exists()
-    run = tmp_path / "run"
-    proc = subprocess.Popen(supervised(run, "faults=[crash@2]", "resilience.backoff_s=0.05"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 120
-        while not ((run / "events.jsonl").exists() and any(e["kind"] == "start" for e in read_jsonl(run / "events.jsonl"))):
-            assert time.time() < deadline and proc.poll() is None, "the trainer did not start"
-            time.sleep(0.05)
-        maps = Path(f"/proc/{proc.pid}/maps").read_text()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err[-3000:]
-    assert "libtorch" not in maps and "libc10" not in maps
-    kinds = [e["kind"] for e in read_jsonl(run / "events.jsonl")]
-    assert kinds.count("crash") == 1 and kinds.count("recovered") == 1
-    assert out.count("memory: ") == 1 and out.count("roles:") == 1
-
-
-@pytest.mark.slow
 def test_a_complete_run_started_again_says_so_prints_its_summary_and_exits_0(capsys, model_dir, tmp_path, monkeypatch):
     """Also through ``reasonrl demo`` (the DAPO recipe), whose second call in a row exits 0."""
     monkeypatch.chdir(tmp_path)  # the demo's report goes under the working directory

@@ -75,6 +75,8 @@ def test_a_second_trainer_is_refused_and_no_orphan_outlives_a_killed_supervisor(
         wait_for(lambda: last_step(run) >= 3, 60, "the first trainer's step 3")
         trainer = holders(run)["trainer"]
         assert holders(run)["supervisor"] == a.pid and alive(trainer)
+        maps = Path(f"/proc/{a.pid}/maps").read_text()  # the checks ran in the trainer: the supervisor loads no torch
+        assert "libtorch" not in maps and "libc10" not in maps
         # A second trainer on the same directory, supervised or not, is refused naming the holder.
         for extra in ([], ["--no-supervisor"]):
             code = main(["train", "grpo", *tiny_run(model_dir, run, 400), *SLOWER, *extra])

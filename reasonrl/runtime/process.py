@@ -25,6 +25,7 @@ close and exits. Nothing waits without a timeout: starting a child has ``start_t
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import multiprocessing
 import multiprocessing.forkserver
@@ -57,7 +58,30 @@ whose environment workers need none of it) preloads the factory's module only.""
 
 def _context() -> multiprocessing.context.BaseContext:
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" not in methods:
+        return multiprocessing.get_context("spawn")
+    global _forkserver_owner
+    if _forkserver_owner is None:
+        _forkserver_owner = os.getpid()
+        atexit.register(_end_forkserver)
+    return multiprocessing.get_context("forkserver")
+
+
+_forkserver_owner: int | None = None
+"""The process whose exit ends its forkserver (:func:`_end_forkserver`); a process forked from
+it inherits the value and leaves the forkserver alone."""
+
+
+def _end_forkserver() -> None:
+    """At this process's exit: end the forkserver it started with SIGTERM, which a forkserver
+    does not handle, so it dies at once. Left to notice the exit itself, it would tear down its
+    imports (torch, ``transformers``: about a second of CPU) after this process is gone."""
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if pid and os.getpid() == _forkserver_owner:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass  # already gone
 
 
 def start_forkserver(factory_modules: tuple[str, ...]) -> None:

@@ -8,6 +8,11 @@ Two measurements, one JSON line:
 - end to end: the same training as a fresh command, supervised vs `--no-supervisor`,
   interleaved over seeds (subject to the machine's +-12% run-to-run noise).
 
+Each run starts once the machine is idle again (what the run before left running has ended):
+a command that starts beside busy cores lets its OpenMP threads sleep instead of spin
+(reasonrl.runtime.threads.openmp_waits), which alone made a 30-step run 1.4x slower (45 s
+against 31 s) when one started while the run before was still ending.
+
     python bench/supervisor_overhead.py --seeds 3 --steps 20
 """
 
@@ -29,6 +34,15 @@ WRAPPER = (
 )
 
 
+def settle(timeout_s: float = 30.0) -> None:
+    """Wait until other work keeps less than a quarter of a core busy (at most ``timeout_s``)."""
+    from reasonrl.runtime.threads import others_busy_cores
+
+    deadline = time.monotonic() + timeout_s
+    while others_busy_cores(0.5) >= 0.25 and time.monotonic() < deadline:
+        pass
+
+
 def train_args(run_dir: str, seed: int, steps: int) -> list[str]:
     return ["dapo", f"run.dir={run_dir}", f"run.seed={seed}", f"train.total_steps={steps}", "eval.every_steps=0", "run.progress=false"]
 
@@ -40,6 +54,7 @@ def paired(seed: int, steps: int, root: str) -> float:
     run_dir = os.path.join(root, f"paired-{seed}")
     lifetimes = os.path.join(root, f"lifetimes-{seed}")
     child = [sys.executable, "-m", "reasonrl.cli", "train", "--no-supervisor", *train_args(run_dir, seed, steps)]
+    settle()
     began = time.perf_counter()
     result = supervise([sys.executable, "-c", WRAPPER, lifetimes, *child], Path(run_dir), RestartPolicy())
     wall = time.perf_counter() - began
@@ -51,6 +66,7 @@ def paired(seed: int, steps: int, root: str) -> float:
 def end_to_end(supervised: bool, seed: int, steps: int, root: str) -> float:
     run_dir = os.path.join(root, f"{'sup' if supervised else 'plain'}-{seed}")
     cmd = [sys.executable, "-m", "reasonrl.cli", "train", *([] if supervised else ["--no-supervisor"]), *train_args(run_dir, seed, steps)]
+    settle()
     began = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - began

@@ -25,7 +25,7 @@ step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind`
   refused the run: its checks (:mod:`reasonrl.preflight`, in the first child) failed, or its
   resume check found another run's directory. The supervisor then writes nothing (no event, no
   ``summary.json``; ``SupervisorResult.refused``), and :func:`train_supervised` removes the
-  directory again when it made it. The directory is this run's once a child of this
+  lock file and the directory again when it made them. The directory is this run's once a child of this
   supervision has written to it (anything beside ``run.lock``) where it held no run, or has
   passed its resume check (its ``resume`` event) where it held one (``config.yaml``).
 
@@ -505,14 +505,15 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     write_atomic(Path(run_dir) / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
-def _remove_made(run_dir: Path) -> None:
-    """Remove the run directory :func:`train_supervised` made for a run its child refused: its
-    lock, then the directory if nothing else is in it."""
+def _remove_made(run_dir: Path, made_dir: bool) -> None:
+    """Remove what :func:`train_supervised` made for a run its child refused: its lock file,
+    and the directory (when it made that too and nothing else is in it)."""
     (run_dir / LOCK_FILE).unlink(missing_ok=True)
-    try:
-        run_dir.rmdir()
-    except OSError:
-        pass  # something else is in it: it stays
+    if made_dir:
+        try:
+            run_dir.rmdir()
+        except OSError:
+            pass  # something else is in it: it stays
 
 
 def train_supervised(cfg: Config, command: list[str]) -> int:
@@ -525,15 +526,15 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
     heartbeat = 2 * r.hang_timeout_s if r.hang_timeout_s > 0 else float("inf")
     policy = RestartPolicy(max_restarts=r.max_restarts, backoff_s=r.backoff_s, heartbeat_timeout_s=heartbeat)
     run_dir = Path(cfg.run.dir)
-    made = not run_dir.exists()
+    made_dir, made_lock = not run_dir.exists(), not (run_dir / LOCK_FILE).exists()
     check_run_dir(run_dir)
     lock = RunLock(run_dir, "supervisor").acquire()
     try:
         pass_fds, env = lock.inherit()
         result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds)
-        if result.refused:  # the child said why; the directory stays as it was, or goes if it is ours
-            if made:
-                _remove_made(run_dir)
+        if result.refused:  # the child said why; the directory stays as it was
+            if made_lock:
+                _remove_made(run_dir, made_dir)
             return result.returncode
         summary = summarize_run(run_dir, wall_s=result.wall_s)
         try:

@@ -286,13 +286,16 @@ def test_the_supervisor_does_not_restart_an_error_that_would_repeat(capsys, mode
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "different configuration" in proc.stderr.strip().splitlines()[-1]
     assert files(run) == before  # no restart, and a refused resume writes nothing: no fatal event, no summary.json
-    # A new run its first child's checks refuse: exit 2 with their line, and no directory left behind.
-    fresh = tmp_path / "fresh"
-    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, fresh, 2),
-                           "reward.fn=nowhere:score"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("reasonrl train: error: reward function = 'nowhere:score'")
-    assert not fresh.exists()
+    # A new run its first child's checks refuse: exit 2 with their line, and nothing left behind, in a
+    # directory the supervisor made or in an empty one it was given.
+    fresh, empty = tmp_path / "fresh", tmp_path / "empty"
+    empty.mkdir()
+    for new in (fresh, empty):
+        proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, new, 2),
+                               "reward.fn=nowhere:score"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith("reasonrl train: error: reward function = 'nowhere:score'")
+    assert not fresh.exists() and list(empty.iterdir()) == []
     # A fatal error of a run that passed its resume check (this run's): the fatal event stays.
     proc = supervised("checkpoint.final_retries=1", "faults=[disk_full@3:count=5]", steps=3)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

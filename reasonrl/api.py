@@ -46,7 +46,7 @@ def train(cfg: Config, on_step: StepCallback | None = None, *, supervise: bool =
 
     SIGINT (Ctrl-C, a notebook's interrupt) stops after the current step with a checkpoint
     and raises KeyboardInterrupt; SIGTERM likewise raises SystemExit(143)."""
-    openmp_waits()  # for the processes it starts, and this one if torch is not loaded yet
+    waits = openmp_waits()  # for the processes it starts, and this one if torch is not loaded yet
     if supervise and on_step is not None:
         raise ValueError("reasonrl.train: on_step is called in the training process, and supervise=True trains in a "
                          "child process; follow RUN_DIR/metrics.jsonl instead, or train with supervise=False")
@@ -60,6 +60,7 @@ def train(cfg: Config, on_step: StepCallback | None = None, *, supervise: bool =
     if supervise:  # the supervisor's first child checks the run again and prints its plan
         return _train_supervised(cfg, fields)
     print(f"memory: {plan.memory}", flush=True)
+    print(f"openmp: threads wait {waits}", flush=True)
     print("roles:\n" + "\n".join(f"  {line}" for line in plan.topology.lines()), flush=True)
     summary, stopped_by = train_in_process(cfg, on_step)
     if stopped_by is not None:

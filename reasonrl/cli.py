@@ -68,6 +68,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(complete_summary(cfg))
         return 0
     print(f"memory: {plan.memory}", flush=True)
+    print(f"openmp: threads wait {args.openmp_waits}", flush=True)
     print("roles:\n" + "\n".join(f"  {line}" for line in plan.topology.lines()), flush=True)
     return _train_here(cfg)
 
@@ -126,6 +127,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from reasonrl.controller import Controller
 
         print(f"memory: {plan.memory}", flush=True)
+        print(f"openmp: threads wait {args.openmp_waits}", flush=True)
         controller = Controller(cfg)
         controller.run()
         if controller.stopped_by is not None:
@@ -545,8 +547,8 @@ TRAINING_COMMANDS = ("train", "demo", "sft", "eval", "sweep", "drill")
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.command in TRAINING_COMMANDS:
-        openmp_waits()  # before anything loads torch, here or in a process started from here
+    if args.command in TRAINING_COMMANDS:  # before anything loads torch, here or in a process started from here
+        args.openmp_waits = openmp_waits()
     try:
         return args.fn(args)
     except FatalError as err:

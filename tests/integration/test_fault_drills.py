@@ -53,6 +53,7 @@ def test_restarts_after_every_restart_fault_in_one_run_end_bit_identical(model_d
                       timeout_s=480)  # five restarts, each a cold start
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("memory: ") == 1 and proc.stdout.count("roles:") == 1  # the first child's checks, not a restart's
+    assert "openmp: threads wait as the environment sets them (OMP_WAIT_POLICY=PASSIVE)" in proc.stdout  # tests/conftest.py's
     events = read_jsonl(faulty / "events.jsonl")
     kinds = [e["kind"] for e in events]
     assert kinds.count("crash") == 1 and kinds.count("killed") == 3 and kinds.count("hang") == 1

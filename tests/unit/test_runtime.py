@@ -181,9 +181,11 @@ def test_a_cgroup_quota_reads_in_cores():
     assert 1 <= available_cores() <= len(os.sched_getaffinity(0))
 
 
-@pytest.mark.parametrize("env, expected", [({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"), ({"GOMP_SPINCOUNT": "1000"}, "None"),
-                                           ({"BUSY": "2"}, "PASSIVE")])
-def test_openmp_threads_sleep_at_barriers_beside_other_work_unless_the_environment_says_otherwise(env, expected):
+@pytest.mark.parametrize("env, expected, said", [
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE", "as the environment sets them (OMP_WAIT_POLICY=ACTIVE)"),
+    ({"GOMP_SPINCOUNT": "1000"}, "None", "as the environment sets them (GOMP_SPINCOUNT=1000)"),
+    ({"BUSY": "2"}, "PASSIVE", "sleeping (OMP_WAIT_POLICY=PASSIVE): other work keeps ")])
+def test_openmp_threads_sleep_at_barriers_beside_other_work_unless_the_environment_says_otherwise(env, expected, said):
     # BUSY: that many processes that never sleep run while the choice is made (two cores' worth)
     code = ("import os, subprocess, sys, time\n"
             "busy = [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(int(os.environ.get('BUSY', 0)))]\n"
@@ -194,3 +196,4 @@ def test_openmp_threads_sleep_at_barriers_beside_other_work_unless_the_environme
     done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == expected, done.stderr
+    assert done.stderr.strip().splitlines()[-2].startswith(said), done.stderr

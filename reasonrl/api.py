@@ -59,9 +59,7 @@ def train(cfg: Config, on_step: StepCallback | None = None, *, supervise: bool =
         return rows_summary(Path(cfg.run.dir), fields)
     if supervise:  # the supervisor's first child checks the run again and prints its plan
         return _train_supervised(cfg, fields)
-    print(f"memory: {plan.memory}", flush=True)
-    print(f"openmp: threads wait {waits}", flush=True)
-    print("roles:\n" + "\n".join(f"  {line}" for line in plan.topology.lines()), flush=True)
+    print(plan.starting(waits), flush=True)
     summary, stopped_by = train_in_process(cfg, on_step)
     if stopped_by is not None:
         _stopped(cfg, stopped_by)

@@ -67,9 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if plan.state.kind == "complete" and same_run(cfg):
         print(complete_summary(cfg))
         return 0
-    print(f"memory: {plan.memory}", flush=True)
-    print(f"openmp: threads wait {args.openmp_waits}", flush=True)
-    print("roles:\n" + "\n".join(f"  {line}" for line in plan.topology.lines()), flush=True)
+    print(plan.starting(args.openmp_waits), flush=True)
     return _train_here(cfg)
 
 

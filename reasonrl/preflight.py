@@ -82,6 +82,12 @@ class Plan:
     topology: Topology | None = None
     """Where each role runs (:func:`reasonrl.runtime.topology.plan`)."""
 
+    def starting(self, openmp_waits: str) -> str:
+        """What a run prints as it starts: the memory estimate, how torch's OpenMP threads wait
+        (:func:`~reasonrl.runtime.threads.openmp_waits`) and where each role runs."""
+        return "\n".join([f"memory: {self.memory}", f"openmp: threads wait {openmp_waits}", "roles:",
+                          *(f"  {line}" for line in self.topology.lines())])
+
     def describe(self) -> str:
         """A few lines for the console."""
         c = self.cfg

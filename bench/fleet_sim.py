@@ -124,7 +124,8 @@ class _Life:
         self.lock = threading.Lock()
         self.pending: set[Future] = set()
         self.calls: queue.Queue = queue.Queue()
-        threading.Thread(target=self._serve, name=name, daemon=True).start()
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
 
     def _serve(self) -> None:
         while (call := self.calls.get()) is not None:
@@ -202,6 +203,8 @@ class SimGroup:
         self.slow_starts = 0
         self.lives: list[_Life] = []
         """Every worker slot's current life; the first :attr:`size` take calls."""
+        self._ended: list[_Life] = []
+        """The lives replaced by a restart, whose threads may still finish a call."""
         self.size = count
         try:
             self.lives = [self._start(i) for i in range(count)]
@@ -238,6 +241,8 @@ class SimGroup:
         with self._lock:
             old = self.lives[index]
         old.end("dead")
+        with self._lock:
+            self._ended.append(old)
         life = self._start(index)
         life.submit(self._build, life).result(timeout=self.timeout_s)
         left = self.start_s * self.clock.scale - (time.perf_counter() - began)
@@ -255,14 +260,20 @@ class SimGroup:
             life.end("dead")
 
     def close(self) -> None:
-        """Close every worker after the calls it holds; its thread then ends."""
+        """Close every worker after the calls it holds, and wait (``timeout_s`` at most) for
+        every thread that served one, the replaced ones' included, to end: a thread left inside
+        a torch call when the interpreter exits is ended by Python in C++ code, which aborts the
+        process ("terminate called without an active exception")."""
         with self._lock:
-            lives = list(self.lives)
+            lives, ended = list(self.lives), list(self._ended)
         for life in lives:
             close = getattr(life.worker, "close", None)
             if close is not None:
                 life.submit(close)
             life.calls.put(None)
+        deadline = time.perf_counter() + self.timeout_s
+        for life in lives + ended:
+            life.thread.join(timeout=max(0.0, deadline - time.perf_counter()))
 
     # ------------------------------------------------------------ the machine room
     def running(self) -> list[int]:
@@ -481,6 +492,7 @@ def run_sim(args, seconds_per_token: float, update_s: float, fault_free: bool, r
         records.close()
         wall = time.perf_counter() - began
         source.close()
+        group.close()
     return {**summarize(args, run_dir, clock, steps, seconds_per_token), "real_s": round(wall, 2),
             "faults": "none" if fault_free else "scripted", "faults_applied": faults.applied,
             "slow_starts": group.slow_starts}

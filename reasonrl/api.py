@@ -74,18 +74,18 @@ def complete_line(cfg: Config) -> str:
 def train_in_process(cfg: Config, on_step: StepCallback | None = None) -> tuple[dict[str, Any], int | None]:
     """Train in this process (following the supervisor, when there is one): (the run's
     summary, the signal that stopped it early or None). Where roles run in processes of this
-    one, their forkserver starts first, so that its imports (torch, ``transformers``, the
-    workers: seconds) run beside this process's own."""
+    one, what starts them is prepared first, before this process starts a thread
+    (:func:`~reasonrl.runtime.process.start_worker_processes`)."""
     from reasonrl.controller import Controller
     from reasonrl.resilience.rundir import follow_supervisor
-    from reasonrl.runtime.process import start_forkserver
+    from reasonrl.runtime.process import start_worker_processes
     from reasonrl.runtime.scaling import scaled
     from reasonrl.runtime.topology import plan
 
     cfg = scaled(cfg, cfg.run.dir)  # the counts reasonrl scale asked for: the plan is the controller's
     topology = plan(cfg)
     if topology.starts_processes():
-        start_forkserver(("reasonrl.build",))  # where every role's factory is, or what imports it
+        start_worker_processes(("reasonrl.build",))  # where every role's factory is, or what imports it
     follow_supervisor()
     controller = Controller(cfg, topology=topology)
     last = controller.run(on_step)

@@ -6,10 +6,12 @@
     ...
     batch = future.result(timeout=600)          # or WorkerDied if the child died meanwhile
 
-Each worker runs in a child process (``forkserver`` start, so a child never inherits the
-parent's threads; ``spawn`` where there is no forkserver) built by ``factory(*args)``, one
-entry of ``args_per_worker`` each; it does not import the parent's main module (a script
-needs no ``if __name__ == "__main__":`` guard). Calls
+Each worker runs in a child process built by ``factory(*args)``, one entry of
+``args_per_worker`` each, that never inherits the parent's threads: forked by this process's
+zygote where it has one (:mod:`reasonrl.runtime.zygote`, which :func:`start_worker_processes`
+forks while this process runs one thread: ``reasonrl train`` does before it trains), else
+started by multiprocessing's ``forkserver`` (``spawn`` where there is none). It does not
+import the parent's main module (a script needs no ``if __name__ == "__main__":`` guard). Calls
 run one after another, in the order submitted, in the child's main thread; a method named in
 ``concurrent`` runs at once in the child's reader thread instead, beside a running call (it
 must be thread-safe: e.g. leaving new weights for the running call to pick up). Arguments
@@ -26,6 +28,7 @@ close and exits. Nothing waits without a timeout: starting a child has ``start_t
 from __future__ import annotations
 
 import atexit
+import importlib
 import itertools
 import multiprocessing
 import multiprocessing.forkserver
@@ -42,21 +45,28 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, Callable, Iterator
 
+from reasonrl.runtime import zygote
 from reasonrl.runtime.group import WorkerDied, WorkerTimeout, gather
 
 _CLOSE = "close"
 
 PRELOAD = ("torch", "transformers.models.llama.modeling_llama", "reasonrl.workers")
-"""Modules the forkserver imports once, before it forks the first child (with the factory's
-module), where this process has imported torch itself (a trainer, a worker, a test session:
-its groups hold models): whichever group starts first, every child then begins with torch,
-transformers' model classes (which :mod:`reasonrl.models.loading` imports only when it loads a
-model; Llama: the embedded model's) and the worker classes loaded instead of importing them
-again within its start timeout (seconds each). A process without torch (``reasonrl env-check``,
-whose environment workers need none of it) preloads the factory's module only."""
+"""Modules a worker begins with: imported by this process before it forks its zygote, else by
+the forkserver before it forks the first child (with the factory's module), where this process
+has imported torch itself (a trainer, a worker, a test session: its groups hold models). Every
+child then begins with torch, transformers' model classes (which :mod:`reasonrl.models.loading`
+imports only when it loads a model; Llama: the embedded model's) and the worker classes loaded
+instead of importing them again within its start timeout (seconds each). A process without
+torch (``reasonrl env-check``, whose environment workers need none of it) preloads the
+factory's module only."""
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def _context():
+    """How this process starts a worker: by its zygote where it has one
+    (:mod:`reasonrl.runtime.zygote`), else by multiprocessing's forkserver (``spawn`` where
+    there is none)."""
+    if zygote.running():
+        return _ZYGOTE
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" not in methods:
         return multiprocessing.get_context("spawn")
@@ -65,6 +75,23 @@ def _context() -> multiprocessing.context.BaseContext:
         _forkserver_owner = os.getpid()
         atexit.register(_end_forkserver)
     return multiprocessing.get_context("forkserver")
+
+
+class _ZygoteStart:
+    """The part of a multiprocessing context a :class:`_Child` uses, for a zygote's workers."""
+
+    Pipe = staticmethod(multiprocessing.Pipe)
+
+    @staticmethod
+    def Process(target, args, name, daemon):  # noqa: N802 - a context's spelling
+        return zygote.ZygoteProcess(target, args, name)
+
+    @staticmethod
+    def get_start_method() -> str:
+        return "zygote"
+
+
+_ZYGOTE = _ZygoteStart()
 
 
 _forkserver_owner: int | None = None
@@ -84,11 +111,16 @@ def _end_forkserver() -> None:
             pass  # already gone
 
 
-def start_forkserver(factory_modules: tuple[str, ...]) -> None:
-    """Start this process's forkserver now, where there is one, preloading :data:`PRELOAD` and
-    the modules of the factories its groups will use: its imports (seconds) then run beside the
-    caller's own instead of after them, when the first group starts, and a child begins with its
-    factory loaded, as when the group starts the forkserver."""
+def start_worker_processes(factory_modules: tuple[str, ...]) -> None:
+    """Prepare this process to start workers, now, while it runs one thread: import
+    :data:`PRELOAD` and the modules of the factories its groups will use, then fork the zygote
+    that starts each worker for the cost of a fork (:func:`~reasonrl.runtime.zygote.start_zygote`).
+    Where forking is not safe, start the forkserver with those modules preloaded: its imports
+    (seconds) then run beside the caller's own instead of when the first group starts."""
+    for module in dict.fromkeys([*PRELOAD, *factory_modules]):
+        importlib.import_module(module)
+    if zygote.start_zygote():
+        return
     ctx = _context()
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *factory_modules])))

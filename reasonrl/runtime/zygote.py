@@ -1,0 +1,372 @@
+"""A zygote: a process forked from this one once it has imported torch, that forks each worker.
+
+A worker process started by :mod:`multiprocessing`'s forkserver begins in a fresh interpreter
+(the forkserver's), which imports torch, ``transformers`` and reasonrl's workers again: seconds
+of CPU per trainer process (a restarted trainer included) for modules this process has already
+imported. A zygote is this process forked at a moment it runs one thread: it holds every module
+imported so far, and forks each worker from there, which then starts for the cost of a fork::
+
+    if start_zygote():                 # this process, single-threaded, has imported torch
+        proc = ZygoteProcess(target, (child_conn, ...), name="rollout")
+        proc.start()                   # forked by the zygote; proc.pid, proc.exitcode, proc.kill()
+
+It is started only where forking is safe (:func:`start_zygote` says why not, and the caller
+starts the forkserver instead): on Linux, from a process with one Python thread and CUDA not
+initialised, whose torch can still run a parallel region after a fork. GNU OpenMP keeps its
+thread pool across a fork, and a child whose parent had run a parallel region waits forever for
+the pool's threads at its first one, so the zygote first forks a probe that runs one: a probe
+that does not end within :data:`PROBE_TIMEOUT_S` ends the zygote.
+
+Right after the fork the zygote closes every file descriptor it does not need (a worker must
+not hold the run directory's lock or a pipe of its trainer's caller), freezes the objects it
+inherited out of the garbage collector (so none is finalised in a child, closing a descriptor
+it no longer owns), and ignores SIGINT (Ctrl-C is the trainer's to handle). It ends when this
+process closes its end of their socket, or dies: at once, with ``os._exit``, tearing nothing
+down. The zygote reports each worker's pid when it forks it and its exit code when it reaps it,
+through a pipe per worker (as the forkserver does): a worker forked by the zygote is its child,
+not this process's.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+import traceback
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+PROBE_TIMEOUT_S = 3.0
+"""How long the zygote's probe may take to run torch's parallel region (milliseconds where
+forking is safe; forever where it is not)."""
+
+START_TIMEOUT_S = 30.0
+"""How long the zygote may take to answer a request with the new worker's pid."""
+
+_INT = struct.Struct("q")
+
+
+class _Zygote:
+    """This process's end of its zygote: the socket requests go over, and the zygote's pid."""
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock, self.pid, self.owner = sock, pid, os.getpid()
+        self.lock = threading.Lock()  # one request on the socket at a time
+
+    def request(self, message: bytes, fds: list[int]) -> None:
+        with self.lock:
+            reduction.sendfds(self.sock, fds)
+            self.sock.sendall(_INT.pack(len(message)) + message)
+
+
+_zygote: _Zygote | None = None
+_probe_failed_in: int | None = None
+"""The process whose zygote's probe did not end: it does not try again."""
+
+
+def running() -> bool:
+    """Whether this process has a zygote (a process forked from this one inherits none)."""
+    return _zygote is not None and _zygote.owner == os.getpid()
+
+
+def unsafe_reason() -> str | None:
+    """Why this process cannot fork a zygote now, or None."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return f"fork is not safe on {sys.platform}"
+    if threading.active_count() > 1:
+        return f"{threading.active_count()} Python threads run"
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return "torch is not imported"
+    if torch.cuda.is_initialized():
+        return "CUDA is initialised"
+    return None
+
+
+def start_zygote() -> bool:
+    """Fork this process's zygote, where :func:`unsafe_reason` finds none and its probe ends;
+    whether one runs."""
+    global _zygote, _probe_failed_in
+    if running():
+        return True
+    if unsafe_reason() is not None or _probe_failed_in == os.getpid():
+        return False
+    gc.collect()  # what is garbage now is not inherited
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    keep = _inherited_fds_to_keep()
+    pid = os.fork()
+    if pid == 0:  # the zygote
+        ours.close()
+        try:
+            _zygote_main(theirs, keep)
+        finally:
+            os._exit(70)
+    theirs.close()
+    ready = _read_exact(ours, 1, PROBE_TIMEOUT_S + 5)
+    if ready != b"1":
+        ours.close()
+        os.waitpid(pid, 0)
+        _probe_failed_in = os.getpid()
+        return False
+    _zygote = _Zygote(ours, pid)
+    return True
+
+
+def _inherited_fds_to_keep() -> set[int]:
+    """Descriptors the zygote and its workers keep: stdout, stderr, and multiprocessing's
+    resource tracker (a worker's own groups register with it)."""
+    from multiprocessing import resource_tracker
+
+    keep = {1, 2}
+    fd = getattr(resource_tracker._resource_tracker, "_fd", None)
+    if fd is not None:
+        keep.add(fd)
+    return keep
+
+
+def _close_inherited(keep: set[int]) -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, already closed
+
+
+def _probe() -> bool:
+    """Whether a child of this process can run torch's parallel region (see the module docstring)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import torch
+
+            torch.set_num_threads(2)
+            torch.ones(1 << 18).mul(2).sum()
+            code = 0
+        finally:
+            os._exit(code)
+    import time
+
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.002)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
+
+
+def _zygote_main(sock: socket.socket, keep: set[int]) -> None:
+    """The zygote: probe, say whether it is ready, then fork a worker per request and report
+    its pid and exit code, until this process's end of ``sock`` closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    gc.freeze()
+    _close_inherited(keep | {sock.fileno()})
+    if not _probe():
+        sock.sendall(b"0")
+        return
+    sock.sendall(b"1")
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, int] = {}  # worker pid -> the write end of its status pipe
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is sock:
+                try:
+                    conn_fd, status_fd = reduction.recvfds(sock, 2)
+                except (EOFError, OSError, RuntimeError):
+                    return  # the trainer is gone: its workers end when their pipes close
+                (size,) = _INT.unpack(_read_exact(sock, _INT.size, None))
+                payload = _read_exact(sock, size, None)
+                pid = os.fork()
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    sock.close()
+                    os.close(wake_r), os.close(wake_w), os.close(status_fd)
+                    for fd in children.values():
+                        os.close(fd)
+                    _worker_main(conn_fd, payload)
+                os.close(conn_fd)
+                os.write(status_fd, _INT.pack(pid))
+                children[pid] = status_fd
+            else:
+                os.read(wake_r, 4096)
+                _reap(children)
+
+
+def _reap(children: dict[int, int]) -> None:
+    """Report the exit code of every worker that ended, and forget it."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        fd = children.pop(pid, None)
+        if fd is not None:
+            try:
+                os.write(fd, _INT.pack(os.waitstatus_to_exitcode(status)))
+            except OSError:
+                pass  # this process no longer reads it
+            os.close(fd)
+
+
+def _worker_main(conn_fd: int, payload: bytes) -> None:
+    """A worker forked by the zygote: ``target(conn, *args)``, then exit (1 if it raised)."""
+    global _zygote
+    _zygote = None
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    import multiprocessing.forkserver
+
+    multiprocessing.forkserver._forkserver = multiprocessing.forkserver.ForkServer()  # the trainer's is not this one's
+    code = 0
+    try:
+        target, args, name = pickle.loads(payload)
+        import multiprocessing
+
+        multiprocessing.current_process().name = name
+        target(Connection(conn_fd), *args)
+    except SystemExit as err:
+        code = err.code if isinstance(err.code, int) else 1
+    except BaseException:  # noqa: BLE001 - printed, as multiprocessing prints a target's error
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_exact(sock: socket.socket, size: int, timeout_s: float | None) -> bytes:
+    sock.settimeout(timeout_s)
+    data = bytearray()
+    try:
+        while len(data) < size:
+            chunk = sock.recv(size - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except (socket.timeout, OSError):
+        pass
+    finally:
+        sock.settimeout(None)
+    return bytes(data)
+
+
+class ZygoteProcess:
+    """A worker process the zygote forks: what :class:`multiprocessing.Process` offers a
+    :class:`~reasonrl.runtime.process.ProcessGroup` (``start``, ``pid``, ``exitcode``,
+    ``is_alive``, ``join``, ``kill``), safe to call from several threads. ``target`` gets
+    ``args`` as they are, the first a :class:`~multiprocessing.connection.Connection` passed to
+    the worker by descriptor; the rest travel pickled."""
+
+    def __init__(self, target: Callable[..., Any], args: tuple, name: str) -> None:
+        self._target, self._args, self.name = target, args, name
+        self.pid: int | None = None
+        self.exitcode: int | None = None
+        self._status: int | None = None  # the pipe the zygote writes the pid, then the exit code to
+        self._orphaned = False  # the zygote ended before it reported the exit code
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        if not running():
+            raise RuntimeError("this process has no zygote")
+        conn, *rest = self._args
+        payload = pickle.dumps((self._target, tuple(rest), self.name))
+        status_r, status_w = os.pipe()
+        try:
+            _zygote.request(payload, [conn.fileno(), status_w])
+        finally:
+            os.close(status_w)
+        self._status = status_r
+        pid = self._read_number(START_TIMEOUT_S)
+        if pid is None:
+            os.close(status_r)
+            self._status = None
+            raise OSError(f"{self.name}: the zygote did not start the worker within {START_TIMEOUT_S} s")
+        self.pid = pid
+
+    def _read_number(self, timeout_s: float | None) -> int | None:
+        """The next number on the status pipe within ``timeout_s``; None without one, or when
+        the zygote closed the pipe without it (it ended)."""
+        import select
+
+        ready, _, _ = select.select([self._status], [], [], timeout_s)
+        if not ready:
+            return None
+        data = b""
+        while len(data) < _INT.size:
+            chunk = os.read(self._status, _INT.size - len(data))
+            if not chunk:
+                self._orphaned = self.pid is not None
+                return None
+            data += chunk
+        return _INT.unpack(data)[0]
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait ``timeout`` seconds at most (None: for ever) for the worker to end. Where the
+        zygote ended first, nobody reports the exit code: the worker is polled by its pid and
+        counted as killed."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if self.exitcode is not None or self.pid is None:
+                return
+            if not self._orphaned:
+                code = self._read_number(timeout)
+                if code is None and not self._orphaned:
+                    return  # still running
+                os.close(self._status)
+                self._status = None
+                if code is not None:
+                    self.exitcode = code
+                    return
+            while _exists(self.pid):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                time.sleep(0.01)
+            self.exitcode = -signal.SIGKILL
+
+    def is_alive(self) -> bool:
+        self.join(0)
+        return self.pid is not None and self.exitcode is None
+
+    def kill(self) -> None:
+        if self.is_alive():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

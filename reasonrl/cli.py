@@ -85,20 +85,40 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train_here(cfg) -> int:
     """Train in this process (following the supervisor, when there is one). Where roles run in
     processes of this one, their forkserver starts first, so that its imports (torch,
-    ``transformers``, the workers: seconds) run beside this process's own."""
+    ``transformers``, the workers: seconds) run beside this process's own.
+
+    A standby trainer (the supervisor started it ahead, to replace a failed one) gets this far
+    and waits for the supervisor's go: with its roles already built where a second copy of them
+    is cheap and separate (the cpu device, the local engine, one trainer rank), else with its
+    imports done; one whose scale counts (``reasonrl scale``) changed meanwhile is built again."""
     from reasonrl.runtime.process import start_forkserver
     from reasonrl.runtime.scaling import scaled
     from reasonrl.runtime.topology import plan
 
-    cfg = scaled(cfg, cfg.run.dir)  # the counts reasonrl scale asked for: the plan is the controller's
+    asked = cfg
+    cfg = scaled(asked, asked.run.dir)  # the counts reasonrl scale asked for: the plan is the controller's
     topology = plan(cfg)
     if topology.starts_processes():
         start_forkserver(("reasonrl.build",))  # where every role's factory is, or what imports it
     from reasonrl.controller import Controller
-    from reasonrl.resilience.rundir import follow_supervisor
+    from reasonrl.resilience.rundir import await_go, follow_supervisor
 
     follow_supervisor()
-    controller = Controller(cfg, topology=topology)
+    ahead = cfg.run.device == "cpu" and topology.engine == "local" and cfg.runtime.trainer_ranks == 1
+    controller = Controller(cfg, topology=topology) if ahead else None
+    if not await_go():  # a standby the supervisor retired
+        if controller is not None:
+            controller.close()
+        return 0
+    if controller is not None and scaled(asked, asked.run.dir) != controller.cfg:
+        controller.close()
+        controller = None
+    if controller is None:
+        cfg = scaled(asked, asked.run.dir)
+        topology = plan(cfg)
+        if topology.starts_processes():
+            start_forkserver(("reasonrl.build",))
+        controller = Controller(cfg, topology=topology)
     last = controller.run()
     if controller.stopped_by is not None:
         return 128 + controller.stopped_by

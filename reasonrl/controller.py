@@ -31,6 +31,7 @@ from reasonrl import algo
 from reasonrl.build import RunContext, build
 from reasonrl.checkpoint import ProcessRNG, StateRegistry
 from reasonrl.checkpoint.checkpointer import Checkpointer
+from reasonrl.checkpoint.snapshot import SnapshotStore
 from reasonrl.config import Config, dump
 from reasonrl.data.mixing import held_out_accuracy
 from reasonrl.errors import LimitError
@@ -42,7 +43,7 @@ from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.faults import parse_faults
 from reasonrl.resilience.guards import NonFiniteGuard, StageWatchdog, run_detectors
 from reasonrl.resilience.injection import FaultyHeartbeat, checkpoint_writer
-from reasonrl.resilience.rundir import RunLock, check_run_dir
+from reasonrl.resilience.rundir import RunLock, check_run_dir, snapshot_dir
 from reasonrl.rollout.agent_loop import AgentLoop
 from reasonrl.runtime import WorkerTimeout
 from reasonrl.runtime.scaling import IdleRule, ScaleWatch, request_scale, scaled
@@ -137,10 +138,12 @@ class Controller:
         """Names a slow or stuck trainer rank from the collectives' trace (several ranks)."""
         self.trainer_numerics = trainer_numerics(cfg)
         registry = StateRegistry()
+        where = snapshot_dir() if r.snapshot_every > 0 else None
         self.checkpoints = Checkpointer(cfg, self.run_dir, registry, checkpoint_writer(
             self.run_dir / "checkpoints", cfg.checkpoint.keep, self.faults), self.events, self.fingerprint, log,
-            beat=self._beat, initial=str(self.model_dir))
-        """Save, resume, roll back; its state (the config check) is the first the registry restores."""
+            beat=self._beat, initial=str(self.model_dir), snapshots=None if where is None else SnapshotStore(where))
+        """Save, resume, roll back, snapshot (under a supervisor); its state (the config check) is
+        the first the registry restores."""
         self._register(registry)
 
     def _beat(self, stage: str) -> None:
@@ -358,7 +361,9 @@ class Controller:
         forecasts = RunForecast(kept, cfg.train.total_steps, cfg.eval.target)
         stop = _StopFlag()
         scale, idle_rule = ScaleWatch(self.run_dir, cfg), IdleRule(cfg)
-        start = last_checkpoint = time.time()
+        start = time.time()
+        last_checkpoint = self.checkpoints.catch_up(self.step_count, start)
+        snapshot_every = cfg.resilience.snapshot_every
         last: dict[str, float] = {}
         self.watchdog, self.heartbeat = self._heartbeat()
         try:
@@ -389,7 +394,10 @@ class Controller:
                                   self.val_samples if "val/acc" in metrics else [])
                 prompts.log(self.step_count, self.last_record)
                 last.update(metrics)
-                if self.checkpoints.due(self.step_count, last_checkpoint) or stop.signum:
+                due = self.checkpoints.due(self.step_count, last_checkpoint) or bool(stop.signum)
+                if snapshot_every and self.step_count % snapshot_every == 0:  # before the checkpoint it may outlive
+                    self.checkpoints.snapshot(self.step_count, last_checkpoint, due)
+                if due:
                     self.checkpoints.save(self.step_count, final=self.step_count == cfg.train.total_steps)
                     last_checkpoint = time.time()
             if self.step_count >= cfg.train.total_steps:

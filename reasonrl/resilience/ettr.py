@@ -9,7 +9,8 @@
 - ``lost``: the time incidents cost.
   - A failure the supervisor restarted after (``crash``, ``killed``, ``hang``): from the moment
     the state the restart resumed from was in hand (the ``checkpoint`` event of that step, or
-    the failed attempt's ``start`` when it is later) to the restarted trainer's ``resume``
+    the ``state_time`` of a resume from the in-memory snapshot, or the failed attempt's
+    ``start`` when it is later) to the restarted trainer's ``resume``
     event. The steps done and lost in between, the detection, the back-off and the reload
     are all in it. Consecutive failures before one successful restart count once.
   - A rollback: the wasted steps' time plus the restore (``recover_s``).
@@ -95,7 +96,10 @@ def _failure_time(events: list[dict[str, Any]]) -> float:
         end = events[j] if j is not None else None
         from_step = end.get("from_step", 0) if end is not None else None
         before = events[:i]
-        checkpoint = next((e["time"] for e in reversed(before) if e["kind"] == "checkpoint" and e["step"] == from_step), None)
+        checkpoint = end.get("state_time") if end is not None else None
+        if checkpoint is None:
+            checkpoint = next((e["time"] for e in reversed(before) if e["kind"] == "checkpoint" and e["step"] == from_step),
+                              None)
         start = next((e["time"] for e in reversed(before) if e["kind"] == "start"), None)
         anchors = [t for t in (checkpoint, start) if t is not None]
         anchor = max([floor, *anchors]) if anchors else max(floor, first["time"])

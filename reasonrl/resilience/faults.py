@@ -32,7 +32,9 @@ Kinds and keys (defaults in brackets):
                                     of that step's update (the others wait in it; the call times out)
 
 A fault fires once per run: it is recorded in ``run_dir/faults_fired.json`` (atomic write)
-before it acts, so a process restarted from a checkpoint does not fire it again.
+before it acts, so a process restarted from a checkpoint does not fire it again, nor does a
+standby trainer that bound the run directory before the fault fired (the plan reads the file
+again whenever it changed).
 """
 
 from __future__ import annotations
@@ -174,6 +176,7 @@ class FaultPlan:
         self._path: Path | None = None
         self._events: EventLog | None = None
         self._slowing: set[str] = set()
+        self._seen: tuple[int, int] | None = None
 
     def bind(self, run_dir: str | Path) -> FaultPlan:
         """Load the faults already fired in ``run_dir`` and record new firings there; returns self."""
@@ -181,14 +184,27 @@ class FaultPlan:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._path = run_dir / FIRED_FILE
         self._events = EventLog(run_dir)
-        if self._path.exists():
-            self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
+        self._refresh()
         return self
+
+    def _refresh(self) -> None:
+        """Take in the faults other processes of the run fired since we last looked (the file
+        changed: its modification time or size)."""
+        if self._path is None or not self.faults:
+            return
+        try:
+            stat = self._path.stat()
+        except FileNotFoundError:
+            return
+        if (stat.st_mtime_ns, stat.st_size) != self._seen:
+            self._seen = (stat.st_mtime_ns, stat.st_size)
+            self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
 
     def at(self, kind: str, step: int) -> Fault | None:
         """The first not yet fired fault of ``kind`` scheduled at ``step``, or None."""
         if kind not in KINDS:
             raise ValueError(f"FaultPlan.at: unknown kind {kind!r}; allowed kinds: {', '.join(KINDS)}")
+        self._refresh()
         return next((f for f in self.faults if f.kind == kind and f.step == step and f.spec not in self.fired), None)
 
     def mark(self, fault: Fault, **ctx: Any) -> None:
@@ -197,8 +213,7 @@ class FaultPlan:
         back as a float) and ``ctx``."""
         self.fired.add(fault.spec)
         if self._path is not None:
-            if self._path.exists():  # another process of the run may have fired some meanwhile
-                self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
+            self._refresh()  # another process of the run may have fired some meanwhile
             write_atomic(self._path, json.dumps({"fired": sorted(self.fired)}, indent=1, sort_keys=True))
         if self._events is not None:
             self._events.emit("fault_injected", fault.step, fault=fault.spec, **ctx)
@@ -213,6 +228,7 @@ class FaultPlan:
             raise ValueError(
                 f"FaultPlan.fire: kind {kind!r} has no action here; fire performs {', '.join(_ACTIONS)}"
             )
+        self._refresh()
         fault = next(
             (
                 f
@@ -246,8 +262,8 @@ class FaultPlan:
                 continue
             if not f.step <= step < f.step + f.get("steps"):
                 continue
-            if f.spec not in self.fired and self._path is not None and self._path.exists():
-                self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
+            if f.spec not in self.fired:
+                self._refresh()
             if f.spec not in self.fired:
                 self.mark(f, stage=stage, worker=worker)
                 self._slowing.add(f.spec)

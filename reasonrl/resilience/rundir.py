@@ -4,6 +4,8 @@
     lock = RunLock(run_dir).acquire()   RunDirError naming the holder's pid when another trainer has it
     env = lock.inherit()                pass_fds and environment for the trainer child
     follow_supervisor()                 in the child: stop (checkpoint, exit) when the supervisor dies
+    snapshot_dir()                      in the child: where the supervisor keeps its snapshots (or None)
+    await_go()                          in a standby child: wait, built, until the supervisor needs it
 
 The lock is an OS file lock (``flock``) on ``run_dir/run.lock``: the kernel releases it when
 the last process holding the open file dies, so it cannot go stale the way a pid file does. The
@@ -21,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,6 +37,10 @@ SUPERVISOR_ENV = "REASONRL_SUPERVISOR_PID"
 """The supervisor's pid, set for its child: the child stops when that process is gone."""
 OURS = ("config.yaml", LOCK_FILE)
 """A non-empty run directory holding neither of these was not written by reasonrl."""
+SNAPSHOT_ENV = "REASONRL_SNAPSHOT_DIR"
+"""The memory directory the supervisor made for its trainers' snapshots (resilience.snapshot_every)."""
+STANDBY_ENV = "REASONRL_STANDBY_FD"
+"""Set for a standby trainer: the pipe it waits on, once built, for the supervisor's go."""
 ORPHAN_GRACE_S = 10.0
 """After its supervisor died, a trainer gets this long to checkpoint and exit before it ends itself."""
 _POLL_S = 0.2
@@ -188,3 +195,31 @@ def follow_supervisor() -> None:
             time.sleep(_POLL_S)
 
     threading.Thread(target=watch, name="reasonrl-lifeline", daemon=True).start()
+
+
+def snapshot_root() -> Path:
+    """Where the supervisor makes its snapshot directory: ``/dev/shm`` (memory) where it exists,
+    else the temporary directory."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def snapshot_dir() -> Path | None:
+    """The directory the supervisor made for this run's snapshots, or None (no supervisor, or
+    snapshots off)."""
+    text = os.environ.get(SNAPSHOT_ENV, "")
+    return Path(text) if text and Path(text).is_dir() else None
+
+
+def await_go() -> bool:
+    """In a standby trainer (the supervisor started it ahead, :data:`STANDBY_ENV`): block until
+    the supervisor says go (True) or closes the pipe, retiring the standby or gone itself
+    (False). Without the variable, True at once."""
+    text = os.environ.pop(STANDBY_ENV, "")
+    if not text:
+        return True
+    fd = int(text)
+    try:
+        return os.read(fd, 1) == b"g"
+    finally:
+        os.close(fd)

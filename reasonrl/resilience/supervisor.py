@@ -23,7 +23,15 @@ step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind`
   which ends supervision at once.
 
 A failure counts as recovered only once a restarted child has trained a step past the one it
-resumed from (or has finished the run). ``summary.json`` holds the figures of
+resumed from (or has finished the run); ``recovered`` says with ``warm`` whether that child was
+the standby. A failure at a later step than every earlier one is no repeat of them: its
+back-off starts over.
+
+With ``standby``, once the child is training and has recovered from any failure, the supervisor
+starts the same command as a standby: it imports and builds its roles, then waits on a pipe
+(:func:`~reasonrl.resilience.rundir.await_go`). The next restart gives it the go instead of
+starting a cold process, and a new standby is started once that one has recovered. A standby
+that died meanwhile is replaced by a cold start. ``summary.json`` holds the figures of
 :func:`reasonrl.resilience.ettr.effective_time`.
 
 The child itself writes ``start`` (each start) and ``resume`` (with ``from_step``) events.
@@ -35,9 +43,11 @@ import codecs
 import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,7 +59,7 @@ from reasonrl.errors import EXIT_FATAL
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.guards import read_hang_dump
-from reasonrl.resilience.rundir import RunLock, check_run_dir
+from reasonrl.resilience.rundir import SNAPSHOT_ENV, STANDBY_ENV, RunLock, check_run_dir, snapshot_root
 
 HANG_DUMP = "hang_dump.txt"
 """The stack dump the child's faulthandler watchdog writes before it exits."""
@@ -72,7 +82,8 @@ class RestartPolicy:
     """When and how often to restart a failed trainer.
 
     The k-th consecutive restart waits ``min(backoff_s * 2**k, backoff_max_s)``; a child
-    that ran at least ``reset_after_s`` before failing resets k to 0. While the child runs,
+    that ran at least ``reset_after_s`` before failing, or failed after a later step than any
+    failure before it (the run got further: no crash loop), resets k to 0. While the child runs,
     a heartbeat file older than ``heartbeat_timeout_s`` gets it killed as hung.
     """
 
@@ -155,17 +166,24 @@ class _StderrTail:
 
 
 class _Child:
-    """One run of the trainer command in its own process group, with its exit time recorded."""
+    """One run of the trainer command in its own process group, with its exit time recorded;
+    a ``standby`` one waits, built, for :meth:`go` (``started`` is then the time of the go)."""
 
-    def __init__(self, command: list[str], env: dict[str, str] | None, pass_fds: tuple[int, ...]) -> None:
+    def __init__(self, command: list[str], env: dict[str, str] | None, pass_fds: tuple[int, ...],
+                 standby: bool = False) -> None:
         self.started = time.time()
-        self.proc = subprocess.Popen(
-            command,
-            env=None if env is None else {**os.environ, **env},
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            pass_fds=pass_fds,
-        )
+        self.warm = standby
+        self._go: int | None = None
+        env = {**os.environ, **(env or {})}
+        if standby:
+            wait, self._go = os.pipe()
+            env[STANDBY_ENV], pass_fds = str(wait), (*pass_fds, wait)
+        try:
+            self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, start_new_session=True,
+                                         pass_fds=pass_fds)
+        finally:
+            if standby:
+                os.close(wait)
         self.tail = _StderrTail(self.proc.stderr)
         self.exit_time = 0.0
         self.exited = threading.Event()
@@ -175,6 +193,25 @@ class _Child:
         self.proc.wait()
         self.exit_time = time.time()
         self.exited.set()
+
+    def go(self) -> None:
+        """Tell a standby to train (it goes on once built)."""
+        self.started = time.time()
+        try:
+            os.write(self._go, b"g")
+        except BrokenPipeError:
+            pass  # it died meanwhile: the watch sees its exit
+        os.close(self._go)
+        self._go = None
+
+    def retire(self) -> None:
+        """End a standby that was never needed: kill its process group, reap it."""
+        if self._go is not None:
+            os.close(self._go)
+            self._go = None
+        self.signal(signal.SIGKILL, group=True)
+        self.exited.wait(10.0)
+        self.reap()
 
     def signal(self, signum: int, group: bool = False) -> None:
         """Send ``signum`` to the child (or to its whole process group); gone already is fine."""
@@ -225,8 +262,10 @@ class _Supervisor:
     """The restart loop behind ``supervise``: one child at a time, failures classified and logged."""
 
     def __init__(self, command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None,
-                 pass_fds: tuple[int, ...]) -> None:
+                 pass_fds: tuple[int, ...], standby: bool = False) -> None:
         self.command = command
+        self.keep_standby = standby
+        self.standby: _Child | None = None
         self.run_dir = run_dir
         self.policy = policy
         self.env = env
@@ -235,6 +274,8 @@ class _Supervisor:
         self.metrics = run_dir / "metrics.jsonl"
         self.restarts = 0
         self.exponent = 0
+        self.frontier = 0
+        """The highest step any failure happened after."""
         self.incidents: list[dict] = []
         self.pending: _Pending | None = None
         self.child: _Child | None = None
@@ -245,7 +286,7 @@ class _Supervisor:
         """Run children until one succeeds, a stop signal arrives or restarts run out."""
         started = time.monotonic()
         while True:
-            child = self.child = _Child(self.command, self.env, self.pass_fds)
+            child = self.child = self._next_child()
             hang, detected = self._watch(child)
             child.reap()
             returncode = child.proc.returncode
@@ -280,6 +321,7 @@ class _Supervisor:
         while not child.exited.wait(_POLL_S):
             if self.pending is not None:
                 self._recovered(child)
+            self._start_standby(child)
             if hang is None and self.stop_signal is None:
                 hang = self._stale_heartbeat(child)
                 if hang is not None:
@@ -288,6 +330,30 @@ class _Supervisor:
         if self.pending is not None:
             self._recovered(child)
         return hang, detected
+
+    def _next_child(self) -> _Child:
+        """The standby, told to go, when there is one alive; else a cold start."""
+        standby, self.standby = self.standby, None
+        if standby is not None and standby.proc.poll() is None:
+            standby.go()
+            return standby
+        if standby is not None:
+            standby.reap()
+        return _Child(self.command, self.env, self.pass_fds)
+
+    def _start_standby(self, child: _Child) -> None:
+        """Start a standby once ``child`` trains (its heartbeat is newer than its go) and no
+        failure is pending: its build then slows neither a start nor a recovery."""
+        if not self.keep_standby or self.standby is not None or self.pending is not None or self.stop_signal is not None:
+            return
+        if (_mtime(self.run_dir / HEARTBEAT) or 0.0) >= child.started:
+            self.standby = _Child(self.command, self.env, self.pass_fds, standby=True)
+
+    def retire_standby(self) -> None:
+        """Kill the standby, if there is one (supervision is ending)."""
+        standby, self.standby = self.standby, None
+        if standby is not None:
+            standby.retire()
 
     def _stale_heartbeat(self, child: _Child) -> tuple[str, float] | None:
         beat = _mtime(self.run_dir / HEARTBEAT)
@@ -313,8 +379,9 @@ class _Supervisor:
         rows = _rows(self.metrics)
         step = rows[-1]["step"] if rows else None
         kind, fields = self._classify(child, hang, detected)
-        if detected - child.started >= self.policy.reset_after_s:
-            self.exponent = 0
+        if detected - child.started >= self.policy.reset_after_s or (step or 0) > self.frontier:
+            self.exponent = 0  # ran long, or got further than at any failure before: not a crash loop
+        self.frontier = max(self.frontier, step or 0)
         giving_up = self.restarts >= self.policy.max_restarts
         fields["backoff_s"] = None if giving_up else self.policy.backoff(self.exponent)
         self.exponent += 1
@@ -386,7 +453,7 @@ class _Supervisor:
         step = rows[new]["step"] if new is not None else (rows[-1]["step"] if rows else None)
         self.events.emit("recovered", step, recover_s=time.time() - pending.since,
                          steps_lost=max(0, pending.last_step - from_step), from_step=from_step,
-                         failures=pending.failures)
+                         failures=pending.failures, warm=child.warm)
         self.pending = None
 
     def _announce(self, incident: dict[str, Any]) -> None:
@@ -419,7 +486,7 @@ class _Supervisor:
 
 
 def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None = None,
-              pass_fds: tuple[int, ...] = ()) -> SupervisorResult:
+              pass_fds: tuple[int, ...] = (), standby: bool = False) -> SupervisorResult:
     """Run ``command`` (the trainer) until it exits 0, restarting it after failures.
 
     The child runs in its own process group with our stdout and stderr (its last stderr lines
@@ -430,10 +497,11 @@ def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dic
     ends it at once. SIGINT, SIGTERM and SIGHUP sent to this process (main thread only) are
     forwarded to the child as SIGTERM, so it checkpoints and exits; that is not a failure, the
     return code is then 128 + the signal's number, and a second signal kills the child.
+    ``standby``: keep a standby child ready for the next restart (the module docstring).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    sup = _Supervisor(list(command), run_dir, policy, env, tuple(pass_fds))
+    sup = _Supervisor(list(command), run_dir, policy, env, tuple(pass_fds), standby)
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {signum: signal.signal(signum, sup.on_signal) for signum in _STOP_SIGNALS}
@@ -443,6 +511,7 @@ def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dic
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
+        sup.retire_standby()
         if sup.child is not None and sup.child.proc.poll() is None:
             sup.child.signal(signal.SIGKILL, group=True)
             sup.child.proc.wait()
@@ -477,12 +546,18 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
     run_dir = Path(cfg.run.dir)
     check_run_dir(run_dir)
     lock = RunLock(run_dir, "supervisor").acquire()
+    # The trainers' in-memory snapshots (resilience.snapshot_every): this supervision's only.
+    snapshots = tempfile.mkdtemp(prefix="reasonrl-snapshot-", dir=snapshot_root()) if r.snapshot_every > 0 else None
     try:
         pass_fds, env = lock.inherit()
-        result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds)
+        if snapshots is not None:
+            env[SNAPSHOT_ENV] = snapshots
+        result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds, standby=r.standby)
         summary = summarize_run(run_dir, wall_s=result.wall_s)
         write_summary(run_dir, summary)
     finally:
+        if snapshots is not None:
+            shutil.rmtree(snapshots, ignore_errors=True)
         lock.release()
     print(json.dumps({"restarts": result.restarts, **{k: summary[k] for k in ("ettr", "mttr_s", "time_lost_s", "steps_lost", "incidents")}}))
     return result.returncode

@@ -101,3 +101,41 @@ def test_nan_reward_faults_and_a_slow_worker_are_handled_in_process(model_dir, t
     assert after["rollout/worker1/groups"] < after["rollout/worker0/groups"]  # then work moved away from worker 1
     assert rows[5]["train/reward_failed"] == 2 and rows[3]["actor/nonfinite_skips"] >= 1
     assert "crash" not in kinds and "killed" not in kinds
+
+
+def _processes_of(run_dir) -> list[int]:
+    """Pids of the processes whose command line names ``run_dir``."""
+    from pathlib import Path
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and f"run.dir={run_dir}".encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_killed_trainer_resumes_warm_from_the_snapshot_and_ends_bit_identical(model_dir, tmp_path):
+    """No checkpoint before the kill (every 20 steps): the standby, built while the first
+    trainer trained, resumes from the in-memory snapshot of step 9, loses no step, and the
+    weights equal the clean run's; the next standby does not outlive the run."""
+    clean, faulty = tmp_path / "clean", tmp_path / "faulty"
+    base = [*tiny_run(model_dir, clean, 12), "checkpoint.every_steps=20"]
+    Controller(load("recipes/grpo.yaml", base)).run()
+    args = [*tiny_run(model_dir, faulty, 12), "checkpoint.every_steps=20", "resilience.backoff_s=0.05",
+            "faults=[sigkill@10:stage=update_actor]"]
+    proc = supervised(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = read_jsonl(faulty / "events.jsonl")
+    resumes = [e for e in events if e["kind"] == "resume"]
+    assert resumes[-1]["source"] == "snapshot" and resumes[-1]["from_step"] == 9
+    recovered = next(e for e in events if e["kind"] == "recovered")
+    assert recovered["steps_lost"] == 0 and recovered["warm"] is True
+    assert [e["step"] for e in events if e["kind"] == "checkpoint"] == [12]
+    a = load_file(clean / "checkpoints/step_12/policy.safetensors")
+    b = load_file(faulty / "checkpoints/step_12/policy.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the run resumed from the snapshot differs from the clean run"
+    assert [r["step"] for r in read_jsonl(faulty / "metrics.jsonl")] == list(range(1, 13))
+    assert _processes_of(faulty) == []

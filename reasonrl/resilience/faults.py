@@ -34,7 +34,7 @@ Kinds and keys (defaults in brackets):
 A fault fires once per run: it is recorded in ``run_dir/faults_fired.json`` (atomic write)
 before it acts, so a process restarted from a checkpoint does not fire it again, nor does a
 standby trainer that bound the run directory before the fault fired (the plan reads the file
-again whenever it changed).
+again before each check).
 """
 
 from __future__ import annotations
@@ -176,7 +176,6 @@ class FaultPlan:
         self._path: Path | None = None
         self._events: EventLog | None = None
         self._slowing: set[str] = set()
-        self._seen: tuple[int, int] | None = None
 
     def bind(self, run_dir: str | Path) -> FaultPlan:
         """Load the faults already fired in ``run_dir`` and record new firings there; returns self."""
@@ -184,27 +183,24 @@ class FaultPlan:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._path = run_dir / FIRED_FILE
         self._events = EventLog(run_dir)
-        self._refresh()
+        self.refresh()
         return self
 
-    def _refresh(self) -> None:
-        """Take in the faults other processes of the run fired since we last looked (the file
-        changed: its modification time or size)."""
+    def refresh(self) -> None:
+        """Take in the faults other processes of the run fired (a drill's file of a few lines,
+        read at every check: no modification time is fine-grained enough to skip it)."""
         if self._path is None or not self.faults:
             return
         try:
-            stat = self._path.stat()
-        except FileNotFoundError:
-            return
-        if (stat.st_mtime_ns, stat.st_size) != self._seen:
-            self._seen = (stat.st_mtime_ns, stat.st_size)
             self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
+        except FileNotFoundError:
+            pass
 
     def at(self, kind: str, step: int) -> Fault | None:
         """The first not yet fired fault of ``kind`` scheduled at ``step``, or None."""
         if kind not in KINDS:
             raise ValueError(f"FaultPlan.at: unknown kind {kind!r}; allowed kinds: {', '.join(KINDS)}")
-        self._refresh()
+        self.refresh()
         return next((f for f in self.faults if f.kind == kind and f.step == step and f.spec not in self.fired), None)
 
     def mark(self, fault: Fault, **ctx: Any) -> None:
@@ -213,7 +209,7 @@ class FaultPlan:
         back as a float) and ``ctx``."""
         self.fired.add(fault.spec)
         if self._path is not None:
-            self._refresh()  # another process of the run may have fired some meanwhile
+            self.refresh()  # another process of the run may have fired some meanwhile
             write_atomic(self._path, json.dumps({"fired": sorted(self.fired)}, indent=1, sort_keys=True))
         if self._events is not None:
             self._events.emit("fault_injected", fault.step, fault=fault.spec, **ctx)
@@ -228,7 +224,7 @@ class FaultPlan:
             raise ValueError(
                 f"FaultPlan.fire: kind {kind!r} has no action here; fire performs {', '.join(_ACTIONS)}"
             )
-        self._refresh()
+        self.refresh()
         fault = next(
             (
                 f
@@ -263,7 +259,7 @@ class FaultPlan:
             if not f.step <= step < f.step + f.get("steps"):
                 continue
             if f.spec not in self.fired:
-                self._refresh()
+                self.refresh()
             if f.spec not in self.fired:
                 self.mark(f, stage=stage, worker=worker)
                 self._slowing.add(f.spec)

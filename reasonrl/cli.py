@@ -88,9 +88,9 @@ def _train_here(cfg) -> int:
     ``transformers``, the workers: seconds) run beside this process's own.
 
     A standby trainer (the supervisor started it ahead, to replace a failed one) gets this far
-    and waits for the supervisor's go: with its roles already built where a second copy of them
-    is cheap and separate (the cpu device, the local engine, one trainer rank), else with its
-    imports done; one whose scale counts (``reasonrl scale``) changed meanwhile is built again."""
+    and waits for the supervisor's go: with its roles built and its rollout workers started where
+    a second copy of them is cheap and separate (the cpu device, the local engine, one trainer
+    rank), else with its imports done; one whose scale counts (``reasonrl scale``) changed meanwhile is built again."""
     from reasonrl.runtime.process import start_forkserver
     from reasonrl.runtime.scaling import scaled
     from reasonrl.runtime.topology import plan
@@ -106,6 +106,8 @@ def _train_here(cfg) -> int:
     follow_supervisor()
     ahead = cfg.run.device == "cpu" and topology.engine == "local" and cfg.runtime.trainer_ranks == 1
     controller = Controller(cfg, topology=topology) if ahead else None
+    if controller is not None:
+        controller.prepare()
     if not await_go():  # a standby the supervisor retired
         if controller is not None:
             controller.close()

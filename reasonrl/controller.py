@@ -146,6 +146,11 @@ class Controller:
         the first the registry restores."""
         self._register(registry)
 
+    def prepare(self) -> None:
+        """Start what may start before the resume: the rollout workers (a standby trainer does
+        this before its go, so that a restart does not wait for them)."""
+        self.source.prepare()
+
     def _beat(self, stage: str) -> None:
         if self.watchdog is not None:
             self.watchdog.beat(stage)

@@ -21,6 +21,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -197,11 +198,36 @@ def follow_supervisor() -> None:
     threading.Thread(target=watch, name="reasonrl-lifeline", daemon=True).start()
 
 
+SNAPSHOT_PREFIX = "reasonrl-snapshot-"
+
+
 def snapshot_root() -> Path:
     """Where the supervisor makes its snapshot directory: ``/dev/shm`` (memory) where it exists,
     else the temporary directory."""
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def new_snapshot_dir() -> Path:
+    """A fresh snapshot directory for this supervisor (``reasonrl-snapshot-<pid>-*`` under
+    :func:`snapshot_root`), after removing those of supervisors that died without removing
+    theirs (killed with SIGKILL)."""
+    root = snapshot_root()
+    for old in root.glob(f"{SNAPSHOT_PREFIX}*-*"):
+        pid = old.name[len(SNAPSHOT_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{SNAPSHOT_PREFIX}{os.getpid()}-", dir=root))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def snapshot_dir() -> Path | None:

@@ -47,7 +47,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,7 +58,7 @@ from reasonrl.errors import EXIT_FATAL
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.guards import read_hang_dump
-from reasonrl.resilience.rundir import SNAPSHOT_ENV, STANDBY_ENV, RunLock, check_run_dir, snapshot_root
+from reasonrl.resilience.rundir import SNAPSHOT_ENV, STANDBY_ENV, RunLock, check_run_dir, new_snapshot_dir
 
 HANG_DUMP = "hang_dump.txt"
 """The stack dump the child's faulthandler watchdog writes before it exits."""
@@ -547,11 +546,11 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
     check_run_dir(run_dir)
     lock = RunLock(run_dir, "supervisor").acquire()
     # The trainers' in-memory snapshots (resilience.snapshot_every): this supervision's only.
-    snapshots = tempfile.mkdtemp(prefix="reasonrl-snapshot-", dir=snapshot_root()) if r.snapshot_every > 0 else None
+    snapshots = new_snapshot_dir() if r.snapshot_every > 0 else None
     try:
         pass_fds, env = lock.inherit()
         if snapshots is not None:
-            env[SNAPSHOT_ENV] = snapshots
+            env[SNAPSHOT_ENV] = str(snapshots)
         result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds, standby=r.standby)
         summary = summarize_run(run_dir, wall_s=result.wall_s)
         write_summary(run_dir, summary)

@@ -341,6 +341,7 @@ class Controller:
         says which; a second SIGINT interrupts at once). A run that never applied an update
         (every step skipped or rolled back) is a LimitError and exports nothing."""
         cfg = self.cfg
+        self.lock.claim()  # a standby trainer built ahead holds the lock unnamed until now
         try:
             self.step_count = self.checkpoints.resume()
             resumed = self.checkpoints.resumed_from is not None

@@ -75,6 +75,7 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_FILE
         self.role = role
         self.fd: int | None = None
+        self._adopted = self._claimed = False
 
     def acquire(self) -> RunLock:
         """Take the lock, or adopt the one the supervisor handed down; RunDirError when another
@@ -96,9 +97,17 @@ class RunLock:
                 "wait for it to end or stop it, or choose another run.dir"
             ) from None
         self.fd = fd
-        self._write_holder(adopted=inherited is not None)
+        self._adopted = inherited is not None
+        if STANDBY_ENV not in os.environ:  # a standby is named a holder once it goes (claim)
+            self.claim()
         os.register_at_fork(after_in_child=self._forget)
         return self
+
+    def claim(self) -> None:
+        """Name this process in the lock's text as its ``role`` (once: again is a no-op)."""
+        if not self._claimed:
+            self._write_holder(self._adopted)
+            self._claimed = True
 
     def _forget(self) -> None:
         """In a forked child (reward workers): drop our copy of the lock's file, so a child

@@ -475,7 +475,7 @@ class ResilienceConfig:
     gone when supervision ends (checkpoint.* keep their guarantees); 0: off."""
     standby: bool = True
     """The supervisor keeps a standby trainer ready for the next restart: started once the
-    trainer is training, it imports and (on the cpu device, with the local engine and one
+    trainer has trained a step, it imports and (on the cpu device, with the local engine and one
     trainer rank) builds its roles, then waits; a restart gives it the go instead of starting a
     cold process. It holds a second copy of the model in memory while it waits."""
     nonfinite_max_consecutive: int = 3

@@ -27,7 +27,7 @@ resumed from (or has finished the run); ``recovered`` says with ``warm`` whether
 the standby. A failure at a later step than every earlier one is no repeat of them: its
 back-off starts over.
 
-With ``standby``, once the child is training and has recovered from any failure, the supervisor
+With ``standby``, once the child has trained a step and recovered from any failure, the supervisor
 starts the same command as a standby: it imports and builds its roles, then waits on a pipe
 (:func:`~reasonrl.resilience.rundir.await_go`). The next restart gives it the go instead of
 starting a cold process, and a new standby is started once that one has recovered. A standby
@@ -171,6 +171,8 @@ class _Child:
     def __init__(self, command: list[str], env: dict[str, str] | None, pass_fds: tuple[int, ...],
                  standby: bool = False) -> None:
         self.started = time.time()
+        self.first_beat: float | None = None
+        """When the supervisor first saw this child's heartbeat (it trains from then on)."""
         self.warm = standby
         self._go: int | None = None
         env = {**os.environ, **(env or {})}
@@ -341,11 +343,15 @@ class _Supervisor:
         return _Child(self.command, self.env, self.pass_fds)
 
     def _start_standby(self, child: _Child) -> None:
-        """Start a standby once ``child`` trains (its heartbeat is newer than its go) and no
-        failure is pending: its build then slows neither a start nor a recovery."""
+        """Start a standby once ``child`` has trained a step (a metrics row written after its
+        first heartbeat) and no failure is pending: its build then slows neither a start, nor
+        the first step (whose stages the hang watchdog times), nor a recovery."""
         if not self.keep_standby or self.standby is not None or self.pending is not None or self.stop_signal is not None:
             return
-        if (_mtime(self.run_dir / HEARTBEAT) or 0.0) >= child.started:
+        if child.first_beat is None:
+            beat = _mtime(self.run_dir / HEARTBEAT)
+            child.first_beat = beat if beat is not None and beat >= child.started else None
+        elif (_mtime(self.metrics) or 0.0) > child.first_beat:
             self.standby = _Child(self.command, self.env, self.pass_fds, standby=True)
 
     def retire_standby(self) -> None:

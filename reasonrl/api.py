@@ -71,23 +71,48 @@ def complete_line(cfg: Config) -> str:
     return f"{cfg.run.dir}: the run is already complete ({cfg.train.total_steps} steps; raise train.total_steps to go on)"
 
 
-def train_in_process(cfg: Config, on_step: StepCallback | None = None) -> tuple[dict[str, Any], int | None]:
+def train_in_process(cfg: Config, on_step: StepCallback | None = None) -> tuple[dict[str, Any] | None, int | None]:
     """Train in this process (following the supervisor, when there is one): (the run's
     summary, the signal that stopped it early or None). Where roles run in processes of this
     one, what starts them is prepared first, before this process starts a thread
-    (:func:`~reasonrl.runtime.process.start_worker_processes`)."""
+    (:func:`~reasonrl.runtime.process.start_worker_processes`).
+
+    A standby trainer (the supervisor started it ahead, to replace a failed one) gets this far
+    and waits for the supervisor's go: with its roles built and its rollout workers started where
+    a second copy of them is cheap and separate (the cpu device, the local engine, one trainer
+    rank), else with its imports done; one whose scale counts (``reasonrl scale``) changed
+    meanwhile is built again. A standby the supervisor retires returns (None, None)."""
     from reasonrl.controller import Controller
-    from reasonrl.resilience.rundir import follow_supervisor
+    from reasonrl.resilience.rundir import await_go, follow_supervisor, is_standby
     from reasonrl.runtime.process import start_worker_processes
     from reasonrl.runtime.scaling import scaled
     from reasonrl.runtime.topology import plan
 
-    cfg = scaled(cfg, cfg.run.dir)  # the counts reasonrl scale asked for: the plan is the controller's
-    topology = plan(cfg)
-    if topology.starts_processes():
-        start_worker_processes(("reasonrl.build",))  # where every role's factory is, or what imports it
+    def prepare(run_cfg: Config):
+        topology = plan(run_cfg)
+        if topology.starts_processes():
+            start_worker_processes(("reasonrl.build",))  # where every role's factory is, or what imports it
+        return topology
+
+    run_cfg = scaled(cfg, cfg.run.dir)  # the counts reasonrl scale asked for: the plan is the controller's
+    topology = prepare(run_cfg)
     follow_supervisor()
-    controller = Controller(cfg, topology=topology)
+    standby = is_standby()
+    ahead = run_cfg.run.device == "cpu" and topology.engine == "local" and run_cfg.runtime.trainer_ranks == 1
+    controller = Controller(run_cfg, topology=topology) if ahead or not standby else None
+    if standby:
+        if controller is not None:
+            controller.prepare()
+        if not await_go():  # retired
+            if controller is not None:
+                controller.close()
+            return None, None
+        if controller is not None and scaled(cfg, cfg.run.dir) != run_cfg:
+            controller.close()
+            controller = None
+        if controller is None:
+            run_cfg = scaled(cfg, cfg.run.dir)
+            controller = Controller(run_cfg, topology=prepare(run_cfg))
     last = controller.run(on_step)
     return final_summary(last, console_fields(cfg.rollout.mode)), controller.stopped_by
 

@@ -72,13 +72,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_here(cfg) -> int:
-    """Train in this process (:func:`reasonrl.api.train_in_process`) and print the run's summary."""
+    """Train in this process (:func:`reasonrl.api.train_in_process`) and print the run's summary;
+    a standby trainer the supervisor retired prints nothing."""
     from reasonrl.api import train_in_process
 
     summary, stopped_by = train_in_process(cfg)
     if stopped_by is not None:
         return 128 + stopped_by
-    print(json.dumps(summary))
+    if summary is not None:
+        print(json.dumps(summary))
     return 0
 
 

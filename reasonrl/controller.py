@@ -31,6 +31,7 @@ from reasonrl import algo
 from reasonrl.build import RunContext, build
 from reasonrl.checkpoint import ProcessRNG, StateRegistry, find_latest
 from reasonrl.checkpoint.checkpointer import Checkpointer
+from reasonrl.checkpoint.snapshot import SnapshotStore
 from reasonrl.config import Config, dump
 from reasonrl.data.mixing import held_out_accuracy
 from reasonrl.errors import LimitError, WriteError
@@ -42,7 +43,7 @@ from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.faults import parse_faults
 from reasonrl.resilience.guards import NonFiniteGuard, StageWatchdog, run_detectors
 from reasonrl.resilience.injection import FaultyHeartbeat, checkpoint_writer
-from reasonrl.resilience.rundir import RunLock, check_run_dir
+from reasonrl.resilience.rundir import RunLock, check_run_dir, snapshot_dir
 from reasonrl.rollout.agent_loop import AgentLoop
 from reasonrl.runtime import WorkerTimeout
 from reasonrl.runtime.scaling import IdleRule, ScaleWatch, request_scale, scaled
@@ -137,11 +138,18 @@ class Controller:
         """Names a slow or stuck trainer rank from the collectives' trace (several ranks)."""
         self.trainer_numerics = trainer_numerics(cfg)
         registry = StateRegistry()
+        where = snapshot_dir() if r.snapshot_every > 0 else None
         self.checkpoints = Checkpointer(cfg, self.run_dir, registry, checkpoint_writer(
             self.run_dir / "checkpoints", cfg.checkpoint.keep, self.faults), self.events, self.fingerprint, log,
-            beat=self._beat, initial=str(self.model_dir))
-        """Save, resume, roll back; its state (the config check) is the first the registry restores."""
+            beat=self._beat, initial=str(self.model_dir), snapshots=None if where is None else SnapshotStore(where))
+        """Save, resume, roll back, snapshot (under a supervisor); its state (the config check) is
+        the first the registry restores."""
         self._register(registry)
+
+    def prepare(self) -> None:
+        """Start what may start before the resume: the rollout workers (a standby trainer does
+        this before its go, so that a restart does not wait for them)."""
+        self.source.prepare()
 
     def _beat(self, stage: str) -> None:
         if self.watchdog is not None:
@@ -338,6 +346,7 @@ class Controller:
         (:meth:`stop_writing`). A run that never applied an update (every step skipped or rolled
         back) is a LimitError and exports nothing."""
         cfg = self.cfg
+        self.lock.claim()  # a standby trainer built ahead holds the lock unnamed until now
         try:
             self.step_count = self.checkpoints.resume()
             resumed = self.checkpoints.resumed_from is not None
@@ -364,7 +373,9 @@ class Controller:
         forecasts = RunForecast(kept, cfg.train.total_steps, cfg.eval.target)
         stop = _StopFlag()
         scale, idle_rule = ScaleWatch(self.run_dir, cfg), IdleRule(cfg)
-        start = last_checkpoint = time.time()
+        start = time.time()
+        last_checkpoint = self.checkpoints.catch_up(self.step_count, start)
+        snapshot_every = cfg.resilience.snapshot_every
         last: dict[str, float] = {}
         saved = self.step_count  # the step of the last checkpoint written or tried
         stepping = False  # inside step(): its state is not one to checkpoint
@@ -402,7 +413,10 @@ class Controller:
                                   self.val_samples if "val/acc" in metrics else [])
                 prompts.log(self.step_count, self.last_record)
                 last.update(metrics)
-                if self.checkpoints.due(self.step_count, last_checkpoint) or stop.signum:
+                due = self.checkpoints.due(self.step_count, last_checkpoint) or bool(stop.signum)
+                if snapshot_every and self.step_count % snapshot_every == 0:  # before the checkpoint it may outlive
+                    self.checkpoints.snapshot(self.step_count, last_checkpoint, due)
+                if due:
                     saved = self.step_count
                     self.checkpoints.save(self.step_count, final=self.step_count == cfg.train.total_steps)
                     last_checkpoint = time.time()

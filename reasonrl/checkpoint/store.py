@@ -243,6 +243,12 @@ def find_latest(root: Path) -> Path | None:
     return None
 
 
+def latest_committed_step(root: Path) -> int:
+    """The step of the newest committed ``step_N`` under ``root`` (its marker matches its
+    manifest; the files are not read), or -1 when there is none."""
+    return next((step for step, path in _step_dirs(Path(root)) if _is_committed(path)), -1)
+
+
 def list_checkpoints(root: Path) -> list[CheckpointInfo]:
     """Every ``step_N`` directory under ``root``, oldest first, fully validated."""
     infos = []

@@ -314,6 +314,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "resilience.max_restarts": _NON_NEGATIVE,
     "resilience.backoff_s": _NON_NEGATIVE,
     "resilience.hang_timeout_s": _NON_NEGATIVE,
+    "resilience.snapshot_every": _NON_NEGATIVE,
     "resilience.nonfinite_max_consecutive": _AT_LEAST_1,
     "resilience.spike_window": (lambda v: v >= 5, ">= 5 (the detector needs 5 values of history)"),
     "resilience.spike_threshold": _POSITIVE,

@@ -492,6 +492,20 @@ class ResilienceConfig:
     """First restart delay; doubles per consecutive failure (capped at 30 s)."""
     hang_timeout_s: float = 300.0
     """A stage that runs longer than this is a hang: stacks dumped, process restarted; 0: off."""
+    snapshot_every: int = 1
+    """Under the supervisor, every this many steps the trainer keeps an in-memory snapshot of the
+    whole resumable state (what a checkpoint holds) in ``/dev/shm``, and a restarted trainer
+    resumes from it when it is newer than the last checkpoint: a crash costs the step in
+    progress, not the checkpoint interval. It is no checkpoint: it dies with the machine and is
+    gone when supervision ends (checkpoint.* keep their guarantees); 0: off."""
+    standby: bool | Literal["auto"] = "auto"
+    """The supervisor keeps a standby trainer ready for the next restart: started once the
+    trainer has trained a step, it imports and (on the cpu device, with the local engine and one
+    trainer rank) builds its roles, then waits; a restart gives it the go instead of starting a
+    cold process. It holds a second copy of the model in memory while it waits, and its build
+    takes CPU from the steps it overlaps. ``auto``: where the trainer may use at least
+    :data:`~reasonrl.resilience.supervisor.STANDBY_MIN_CORES` cores (on 2 cores its build slowed
+    a 1 s step several-fold)."""
     nonfinite_max_consecutive: int = 3
     """Non-finite updates skipped in a row before rolling back to the last checkpoint."""
     spike_window: int = 20

@@ -9,7 +9,8 @@
 - ``lost``: the time incidents cost.
   - A failure the supervisor restarted after (``crash``, ``killed``, ``hang``): from the moment
     the state the restart resumed from was in hand (the ``checkpoint`` event of that step, or
-    the failed attempt's ``start`` when it is later) to the restarted trainer's ``resume``
+    the ``state_time`` of a resume from the in-memory snapshot, or the failed attempt's
+    ``start`` when it is later) to the restarted trainer's ``resume``
     event. The steps done and lost in between, the detection, the back-off and the reload
     are all in it. Consecutive failures before one successful restart count once. The
     interval never reaches back before the invocation the failure happened in (the failure's
@@ -41,6 +42,7 @@ FAILURES = frozenset({"crash", "killed", "hang"})
 
 INCIDENT_KINDS = FAILURES | frozenset({
     "gave_up", "rollback", "nonfinite", "spike", "slowdown", "straggler", "checkpoint_failed", "checkpoint_skipped",
+    "snapshot_failed", "snapshot_skipped",
     "reward_failed", "env_failed", "worker_restarted", "rollout_worker_died", "rollout_worker_hung",
     "rollout_worker_gone", "rollout_worker_quarantined", "rollout_groups_failed", "rollout_scale_failed", "run_failed",
     "write_failed",
@@ -119,8 +121,10 @@ def _failure_time(events: list[dict[str, Any]]) -> float:
         restarted = end is not None and end["kind"] == "resume"
         from_step = end.get("from_step", 0) if restarted else None
         before = events[:i]
-        checkpoint = next((e["time"] for e in reversed(before)  # none resumed: the newest one stands
-                           if e["kind"] == "checkpoint" and (not restarted or e["step"] == from_step)), None)
+        checkpoint = end.get("state_time") if restarted else None  # a resume from the snapshot
+        if checkpoint is None:
+            checkpoint = next((e["time"] for e in reversed(before)  # none resumed: the newest one stands
+                               if e["kind"] == "checkpoint" and (not restarted or e["step"] == from_step)), None)
         start = next((e["time"] for e in reversed(before) if e["kind"] == "start"), None)
         anchors = [t for t in (checkpoint, start, first.get("started")) if t is not None]
         anchor = max([floor, *anchors]) if anchors else max(floor, first["time"])

@@ -34,7 +34,9 @@ faults may be combined in one run, ckpt_kill and disk_full on the checkpoint wri
                                     of that step's update (the others wait in it; the call times out)
 
 A fault fires once per run: it is recorded in ``run_dir/faults_fired.json`` (atomic write)
-before it acts, so a process restarted from a checkpoint does not fire it again.
+before it acts, so a process restarted from a checkpoint does not fire it again, nor does a
+standby trainer that bound the run directory before the fault fired (the plan reads the file
+again before each check).
 """
 
 from __future__ import annotations
@@ -87,14 +89,24 @@ class FaultPlan:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._path = run_dir / FIRED_FILE
         self._events = EventLog(run_dir)
-        if self._path.exists():
-            self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
+        self.refresh()
         return self
+
+    def refresh(self) -> None:
+        """Take in the faults other processes of the run fired (a drill's file of a few lines,
+        read at every check: no modification time is fine-grained enough to skip it)."""
+        if self._path is None or not self.faults:
+            return
+        try:
+            self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
+        except FileNotFoundError:
+            pass
 
     def at(self, kind: str, step: int) -> Fault | None:
         """The first not yet fired fault of ``kind`` scheduled at ``step``, or None."""
         if kind not in KINDS:
             raise ValueError(f"FaultPlan.at: unknown kind {kind!r}; allowed kinds: {', '.join(KINDS)}")
+        self.refresh()
         return next((f for f in self.faults if f.kind == kind and f.step == step and f.spec not in self.fired), None)
 
     def mark(self, fault: Fault, **ctx: Any) -> None:
@@ -103,8 +115,7 @@ class FaultPlan:
         back as a float) and ``ctx``."""
         self.fired.add(fault.spec)
         if self._path is not None:
-            if self._path.exists():  # another process of the run may have fired some meanwhile
-                self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
+            self.refresh()  # another process of the run may have fired some meanwhile
             write_atomic(self._path, json.dumps({"fired": sorted(self.fired)}, indent=1, sort_keys=True))
         if self._events is not None:
             self._events.emit("fault_injected", fault.step, fault=fault.spec, **ctx)
@@ -119,6 +130,7 @@ class FaultPlan:
             raise ValueError(
                 f"FaultPlan.fire: kind {kind!r} has no action here; fire performs {', '.join(_ACTIONS)}"
             )
+        self.refresh()
         fault = next(
             (
                 f
@@ -152,8 +164,8 @@ class FaultPlan:
                 continue
             if not f.step <= step < f.step + f.get("steps"):
                 continue
-            if f.spec not in self.fired and self._path is not None and self._path.exists():
-                self.fired |= set(json.loads(self._path.read_text(encoding="utf-8"))["fired"])
+            if f.spec not in self.fired:
+                self.refresh()
             if f.spec not in self.fired:
                 self.mark(f, stage=stage, worker=worker)
                 self._slowing.add(f.spec)

@@ -252,6 +252,7 @@ class _FaultyWriter(CheckpointWriter):
         self._kill = None
 
     def save(self, step: int, tensors, state) -> Path:
+        self.plan.refresh()  # fired by another process of the run since this writer was built (a standby's)
         due = next((f for f in self.plan.faults if f.kind == "disk_full" and f.step <= step and f.spec not in self.plan.fired), None)
         if due is not None:
             self.plan.mark(due)

@@ -4,6 +4,8 @@
     lock = RunLock(run_dir).acquire()   RunDirError naming the holder's pid when another trainer has it
     env = lock.inherit()                pass_fds and environment for the trainer child
     follow_supervisor()                 in the child: stop (checkpoint, exit) when the supervisor dies
+    snapshot_dir()                      in the child: where the supervisor keeps its snapshots (or None)
+    await_go()                          in a standby child: wait, built, until the supervisor needs it
 
 The lock is an OS file lock (``flock``) on ``run_dir/run.lock``: the kernel releases it when
 the last process holding the open file dies, so it cannot go stale the way a pid file does. The
@@ -19,8 +21,10 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,6 +41,10 @@ ATTEMPT_ENV = "REASONRL_ATTEMPT"
 run (:mod:`reasonrl.preflight`) before it trains; a restart does not check it again."""
 OURS = ("config.yaml", LOCK_FILE)
 """A non-empty run directory holding neither of these was not written by reasonrl."""
+SNAPSHOT_ENV = "REASONRL_SNAPSHOT_DIR"
+"""The memory directory the supervisor made for its trainers' snapshots (resilience.snapshot_every)."""
+STANDBY_ENV = "REASONRL_STANDBY_FD"
+"""Set for a standby trainer: the pipe it waits on, once built, for the supervisor's go."""
 ORPHAN_GRACE_S = 10.0
 """After its supervisor died, a trainer gets this long to checkpoint and exit before it ends itself."""
 _POLL_S = 0.2
@@ -70,6 +78,7 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_FILE
         self.role = role
         self.fd: int | None = None
+        self._adopted = self._claimed = False
 
     def acquire(self) -> RunLock:
         """Take the lock, or adopt the one the supervisor handed down; RunDirError when another
@@ -91,9 +100,17 @@ class RunLock:
                 "wait for it to end or stop it, or choose another run.dir"
             ) from None
         self.fd = fd
-        self._write_holder(adopted=inherited is not None)
+        self._adopted = inherited is not None
+        if STANDBY_ENV not in os.environ:  # a standby is named a holder once it goes (claim)
+            self.claim()
         os.register_at_fork(after_in_child=self._forget)
         return self
+
+    def claim(self) -> None:
+        """Name this process in the lock's text as its ``role`` (once: again is a no-op)."""
+        if not self._claimed:
+            self._write_holder(self._adopted)
+            self._claimed = True
 
     def _forget(self) -> None:
         """In a forked child (reward workers): drop our copy of the lock's file, so a child
@@ -195,3 +212,61 @@ def follow_supervisor() -> None:
             time.sleep(_POLL_S)
 
     threading.Thread(target=watch, name="reasonrl-lifeline", daemon=True).start()
+
+
+SNAPSHOT_PREFIX = "reasonrl-snapshot-"
+
+
+def snapshot_root() -> Path:
+    """Where the supervisor makes its snapshot directory: ``/dev/shm`` (memory) where it exists,
+    else the temporary directory."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def new_snapshot_dir() -> Path:
+    """A fresh snapshot directory for this supervisor (``reasonrl-snapshot-<pid>-*`` under
+    :func:`snapshot_root`), after removing those of supervisors that died without removing
+    theirs (killed with SIGKILL)."""
+    root = snapshot_root()
+    for old in root.glob(f"{SNAPSHOT_PREFIX}*-*"):
+        pid = old.name[len(SNAPSHOT_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{SNAPSHOT_PREFIX}{os.getpid()}-", dir=root))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def snapshot_dir() -> Path | None:
+    """The directory the supervisor made for this run's snapshots, or None (no supervisor, or
+    snapshots off)."""
+    text = os.environ.get(SNAPSHOT_ENV, "")
+    return Path(text) if text and Path(text).is_dir() else None
+
+
+def is_standby() -> bool:
+    """Whether this trainer is a standby the supervisor started ahead (:func:`await_go`)."""
+    return STANDBY_ENV in os.environ
+
+
+def await_go() -> bool:
+    """In a standby trainer (the supervisor started it ahead, :data:`STANDBY_ENV`): block until
+    the supervisor says go (True) or closes the pipe, retiring the standby or gone itself
+    (False). Without the variable, True at once."""
+    text = os.environ.pop(STANDBY_ENV, "")
+    if not text:
+        return True
+    fd = int(text)
+    try:
+        return os.read(fd, 1) == b"g"
+    finally:
+        os.close(fd)

@@ -33,7 +33,15 @@ Each child gets ``REASONRL_ATTEMPT`` (:data:`~reasonrl.resilience.rundir.ATTEMPT
 the first, which checks the run before it trains, 2 and up for the restarts, which do not.
 
 A failure counts as recovered only once a restarted child has trained a step past the one it
-resumed from (or has finished the run). ``summary.json`` holds the figures of
+resumed from (or has finished the run); ``recovered`` says with ``warm`` whether that child was
+the standby. A failure at a later step than every earlier one is no repeat of them: its
+back-off starts over.
+
+With ``standby``, once the child has trained a step and recovered from any failure, the supervisor
+starts the same command as a standby: it imports and builds its roles, then waits on a pipe
+(:func:`~reasonrl.resilience.rundir.await_go`). The next restart gives it the go instead of
+starting a cold process, and a new standby is started once that one has recovered. A standby
+that died meanwhile is replaced by a cold start. ``summary.json`` holds the figures of
 :func:`reasonrl.resilience.ettr.effective_time`. An event or the summary that cannot be
 written (a full disk) goes to stderr instead, and supervision goes on and ends as it would.
 
@@ -46,6 +54,7 @@ import codecs
 import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,7 +69,22 @@ from reasonrl.errors import EXIT_FATAL, WriteError
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.guards import read_hang_dump
-from reasonrl.resilience.rundir import ATTEMPT_ENV, LOCK_FILE, RunLock, check_run_dir
+from reasonrl.resilience.rundir import (ATTEMPT_ENV, LOCK_FILE, SNAPSHOT_ENV, STANDBY_ENV, RunLock, check_run_dir,
+                                        new_snapshot_dir)
+
+STANDBY_MIN_CORES = 4
+"""``resilience.standby=auto`` keeps a standby where the trainer may use this many cores or more."""
+
+
+def wants_standby(setting: bool | str) -> bool:
+    """``resilience.standby``: as set, or for ``auto`` whether this machine gives the trainer at
+    least :data:`STANDBY_MIN_CORES` cores (read without torch)."""
+    if isinstance(setting, bool):
+        return setting
+    from reasonrl.runtime.threads import available_cores
+
+    return available_cores() >= STANDBY_MIN_CORES
+
 
 HANG_DUMP = "hang_dump.txt"
 """The stack dump the child's faulthandler watchdog writes before it exits."""
@@ -83,7 +107,8 @@ class RestartPolicy:
     """When and how often to restart a failed trainer.
 
     The k-th consecutive restart waits ``min(backoff_s * 2**k, backoff_max_s)``; a child
-    that ran at least ``reset_after_s`` before failing resets k to 0. While the child runs,
+    that ran at least ``reset_after_s`` before failing, or failed after a later step than any
+    failure before it (the run got further: no crash loop), resets k to 0. While the child runs,
     a heartbeat file older than ``heartbeat_timeout_s`` gets it killed as hung.
     """
 
@@ -169,17 +194,26 @@ class _StderrTail:
 
 
 class _Child:
-    """One run of the trainer command in its own process group, with its exit time recorded."""
+    """One run of the trainer command in its own process group, with its exit time recorded;
+    a ``standby`` one waits, built, for :meth:`go` (``started`` is then the time of the go)."""
 
-    def __init__(self, command: list[str], env: dict[str, str] | None, pass_fds: tuple[int, ...]) -> None:
+    def __init__(self, command: list[str], env: dict[str, str] | None, pass_fds: tuple[int, ...],
+                 standby: bool = False) -> None:
         self.started = time.time()
-        self.proc = subprocess.Popen(
-            command,
-            env=None if env is None else {**os.environ, **env},
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            pass_fds=pass_fds,
-        )
+        self.first_beat: float | None = None
+        """When the supervisor first saw this child's heartbeat (it trains from then on)."""
+        self.warm = standby
+        self._go: int | None = None
+        env = {**os.environ, **(env or {})}
+        if standby:
+            wait, self._go = os.pipe()
+            env[STANDBY_ENV], pass_fds = str(wait), (*pass_fds, wait)
+        try:
+            self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, start_new_session=True,
+                                         pass_fds=pass_fds)
+        finally:
+            if standby:
+                os.close(wait)
         self.tail = _StderrTail(self.proc.stderr)
         self.exit_time = 0.0
         self.exited = threading.Event()
@@ -189,6 +223,25 @@ class _Child:
         self.proc.wait()
         self.exit_time = time.time()
         self.exited.set()
+
+    def go(self) -> None:
+        """Tell a standby to train (it goes on once built)."""
+        self.started = time.time()
+        try:
+            os.write(self._go, b"g")
+        except BrokenPipeError:
+            pass  # it died meanwhile: the watch sees its exit
+        os.close(self._go)
+        self._go = None
+
+    def retire(self) -> None:
+        """End a standby that was never needed: kill its process group, reap it."""
+        if self._go is not None:
+            os.close(self._go)
+            self._go = None
+        self.signal(signal.SIGKILL, group=True)
+        self.exited.wait(10.0)
+        self.reap()
 
     def signal(self, signum: int, group: bool = False) -> None:
         """Send ``signum`` to the child (or to its whole process group); gone already is fine."""
@@ -239,8 +292,10 @@ class _Supervisor:
     """The restart loop behind ``supervise``: one child at a time, failures classified and logged."""
 
     def __init__(self, command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None,
-                 pass_fds: tuple[int, ...]) -> None:
+                 pass_fds: tuple[int, ...], standby: bool = False) -> None:
         self.command = command
+        self.keep_standby = standby
+        self.standby: _Child | None = None
         self.run_dir = run_dir
         self.policy = policy
         self.env = env
@@ -249,6 +304,8 @@ class _Supervisor:
         self.metrics = run_dir / "metrics.jsonl"
         self.restarts = 0
         self.exponent = 0
+        self.frontier = 0
+        """The highest step any failure happened after."""
         self.incidents: list[dict] = []
         self.pending: _Pending | None = None
         self.child: _Child | None = None
@@ -263,8 +320,7 @@ class _Supervisor:
         """Run children until one succeeds, a stop signal arrives or restarts run out."""
         started = time.monotonic()
         while True:
-            env = {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 1)}
-            child = self.child = _Child(self.command, env, self.pass_fds)
+            child = self.child = self._next_child()
             hang, detected = self._watch(child)
             child.reap()
             returncode = child.proc.returncode
@@ -319,6 +375,7 @@ class _Supervisor:
         while not child.exited.wait(_POLL_S):
             if self.pending is not None:
                 self._recovered(child)
+            self._start_standby(child)
             if hang is None and self.stop_signal is None:
                 hang = self._stale_heartbeat(child)
                 if hang is not None:
@@ -327,6 +384,35 @@ class _Supervisor:
         if self.pending is not None:
             self._recovered(child)
         return hang, detected
+
+    def _next_child(self) -> _Child:
+        """The standby, told to go, when there is one alive; else a cold start."""
+        standby, self.standby = self.standby, None
+        if standby is not None and standby.proc.poll() is None:
+            standby.go()
+            return standby
+        if standby is not None:
+            standby.reap()
+        return _Child(self.command, {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 1)}, self.pass_fds)
+
+    def _start_standby(self, child: _Child) -> None:
+        """Start a standby once ``child`` has trained a step (a metrics row written after its
+        first heartbeat) and no failure is pending: its build then slows neither a start, nor
+        the first step (whose stages the hang watchdog times), nor a recovery."""
+        if not self.keep_standby or self.standby is not None or self.pending is not None or self.stop_signal is not None:
+            return
+        if child.first_beat is None:
+            beat = _mtime(self.run_dir / HEARTBEAT)
+            child.first_beat = beat if beat is not None and beat >= child.started else None
+        elif (_mtime(self.metrics) or 0.0) > child.first_beat:
+            env = {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 2)}  # a restart: no checks
+            self.standby = _Child(self.command, env, self.pass_fds, standby=True)
+
+    def retire_standby(self) -> None:
+        """Kill the standby, if there is one (supervision is ending)."""
+        standby, self.standby = self.standby, None
+        if standby is not None:
+            standby.retire()
 
     def _stale_heartbeat(self, child: _Child) -> tuple[str, float] | None:
         beat = _mtime(self.run_dir / HEARTBEAT)
@@ -352,8 +438,9 @@ class _Supervisor:
         rows = _rows(self.metrics)
         step = rows[-1]["step"] if rows else None
         kind, fields = self._classify(child, hang, detected)
-        if detected - child.started >= self.policy.reset_after_s:
-            self.exponent = 0
+        if detected - child.started >= self.policy.reset_after_s or (step or 0) > self.frontier:
+            self.exponent = 0  # ran long, or got further than at any failure before: not a crash loop
+        self.frontier = max(self.frontier, step or 0)
         giving_up = self.restarts >= self.policy.max_restarts
         fields["backoff_s"] = None if giving_up else self.policy.backoff(self.exponent)
         self.exponent += 1
@@ -425,7 +512,7 @@ class _Supervisor:
         step = rows[new]["step"] if new is not None else (rows[-1]["step"] if rows else None)
         self._emit("recovered", step, recover_s=time.time() - pending.since,
                          steps_lost=max(0, pending.last_step - from_step), from_step=from_step,
-                         failures=pending.failures)
+                         failures=pending.failures, warm=child.warm)
         self.pending = None
 
     def _announce(self, incident: dict[str, Any]) -> None:
@@ -458,7 +545,7 @@ class _Supervisor:
 
 
 def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None = None,
-              pass_fds: tuple[int, ...] = ()) -> SupervisorResult:
+              pass_fds: tuple[int, ...] = (), standby: bool = False) -> SupervisorResult:
     """Run ``command`` (the trainer) until it exits 0, restarting it after failures.
 
     The child runs in its own process group with our stdout and stderr (its last stderr lines
@@ -469,10 +556,11 @@ def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dic
     ends it at once. SIGINT, SIGTERM and SIGHUP sent to this process (main thread only) are
     forwarded to the child as SIGTERM, so it checkpoints and exits; that is not a failure, the
     return code is then 128 + the signal's number, and a second signal kills the child.
+    ``standby``: keep a standby child ready for the next restart (the module docstring).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    sup = _Supervisor(list(command), run_dir, policy, env, tuple(pass_fds))
+    sup = _Supervisor(list(command), run_dir, policy, env, tuple(pass_fds), standby)
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {signum: signal.signal(signum, sup.on_signal) for signum in _STOP_SIGNALS}
@@ -482,6 +570,7 @@ def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dic
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
+        sup.retire_standby()
         if sup.child is not None and sup.child.proc.poll() is None:
             sup.child.signal(signal.SIGKILL, group=True)
             sup.child.proc.wait()
@@ -529,9 +618,13 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
     made_dir, made_lock = not run_dir.exists(), not (run_dir / LOCK_FILE).exists()
     check_run_dir(run_dir)
     lock = RunLock(run_dir, "supervisor").acquire()
+    # The trainers' in-memory snapshots (resilience.snapshot_every): this supervision's only.
+    snapshots = new_snapshot_dir() if r.snapshot_every > 0 else None
     try:
         pass_fds, env = lock.inherit()
-        result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds)
+        if snapshots is not None:
+            env[SNAPSHOT_ENV] = str(snapshots)
+        result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds, standby=wants_standby(r.standby))
         if result.refused:  # the child said why; the directory stays as it was
             if made_lock:
                 _remove_made(run_dir, made_dir)
@@ -543,6 +636,8 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
             print(f"reasonrl supervisor: {WriteError.of(run_dir / 'summary.json', err)}; the summary: "
                   + json.dumps(summary, sort_keys=True), file=sys.stderr, flush=True)
     finally:
+        if snapshots is not None:
+            shutil.rmtree(snapshots, ignore_errors=True)
         lock.release()
     print(json.dumps({"restarts": result.restarts, **{k: summary[k] for k in ("ettr", "mttr_s", "time_lost_s", "steps_lost", "incidents")}}))
     return result.returncode

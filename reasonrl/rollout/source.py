@@ -425,6 +425,8 @@ class AsyncSource:
         self.training = False
         self.outstanding: deque[tuple[Future, int, list[Future]]] = deque()  # (collect, version, loads before it)
         self.group = None
+        self._launched = None
+        """The producer's host launched ahead by :meth:`prepare`, not started yet."""
         self._sent_version: int | None = None
         self.delivered = 0
         """Collects delivered (pulled) so far; those submitted are these and ``outstanding``."""
@@ -437,8 +439,15 @@ class AsyncSource:
         reached the workers (:meth:`~reasonrl.rollout.fleet.RolloutFleet._deliver`)."""
 
     # ------------------------------------------------------------ the producer
+    def prepare(self) -> None:
+        """Launch the producer's host and the rollout workers now rather than at the first
+        :meth:`publish` (a standby trainer does, before its go); the producer still starts from
+        the state a resume restores."""
+        if self.group is None and self._launched is None:
+            self._launched = self.launch()
+
     def _start(self) -> None:
-        self.group = self.launch()
+        self.group, self._launched = self._launched or self.launch(), None
         if self.cursor is not None:
             self.group.call("load_state_dict", self.cursor)
         self.group.call("load_weights", self.latest)
@@ -550,6 +559,7 @@ class AsyncSource:
         self.held_out = [dict(h) for h in state["held_out"]]
 
     def close(self) -> None:
-        if self.group is not None:
-            self.group.close()
-            self.group = None
+        for group in (self.group, self._launched):
+            if group is not None:
+                group.close()
+        self.group = self._launched = None

@@ -2,8 +2,8 @@
 
 Run A: crashes, SIGKILLs at several points (in generation, in the update, in the middle of a
 checkpoint write), a full disk at a checkpoint and a hang, all in one run; the supervisor
-restarts the trainer from the last committed checkpoint each time and the final weights are
-bit-identical to an uninterrupted run.
+restarts the trainer from the in-memory snapshot of its last step each time and the final
+weights are bit-identical to an uninterrupted run.
 Run B: faults handled inside the process: NaN loss (update skipped, then a rollback),
 reward timeouts and errors (samples failed, run goes on), and a slow rollout worker
 (detected as fail-slow, work shifted away from it).
@@ -60,16 +60,21 @@ def test_restarts_after_every_restart_fault_in_one_run_end_bit_identical(model_d
     hang = next(e for e in events if e["kind"] == "hang")
     assert hang["stage"] == "adv" and "in _hang_forever" in hang["stack"] and "in step" in hang["stack"]
     recovered = [e for e in events if e["kind"] == "recovered"]
-    assert len(recovered) == 5 and all(e["recover_s"] >= 0 for e in recovered)
+    # Every restart resumed from the in-memory snapshot of the last finished step (the default
+    # resilience.snapshot_every=1): no step was redone.
+    assert [e.get("source") for e in events if e["kind"] == "resume"][1:] == ["snapshot"] * 5
+    assert all(e["recover_s"] >= 0 and e["steps_lost"] == 0 for e in recovered)
     # crash@2 fires at step 2's first stage, after step 1's checkpoint (not in the checkpoint stage)
     crash = next(e for e in events if e["kind"] == "fault_injected" and e["fault"] == "crash@2")
-    assert crash["stage"] != "checkpoint" and recovered[0]["from_step"] == 1 and recovered[0]["steps_lost"] == 0
-    # The redone step 2 found the disk full at its checkpoint: the kill in step 3's generation resumed from step 1.
+    assert crash["stage"] != "checkpoint" and recovered[0]["from_step"] == 1
+    # Step 2's checkpoint found the disk full; its snapshot was written first, and the trainer
+    # restarted after the kill in step 3's generation resumed from it and wrote the checkpoint.
     assert [e["step"] for e in events if e["kind"] == "checkpoint_failed"] == [2]
-    assert recovered[1]["from_step"] == 1 and recovered[1]["steps_lost"] == 1
-    # ckpt_kill died after a file of step 4 was written: step 4 was redone from step 3.
+    assert [e["step"] for e in events if e["kind"] == "checkpoint"] == [1, 2, 3, 4, 5, 6]
+    # ckpt_kill@4 died after step 4's snapshot: the restart resumed at step 4 (and wrote its
+    # checkpoint), then died in step 5's update before a new step: one recovery for both.
     assert any(e["kind"] == "fault_injected" and e["fault"].startswith("ckpt_kill") for e in events)
-    assert [e["from_step"] for e in recovered[2:]] == [3, 4, 5]
+    assert [(e["from_step"], e["failures"]) for e in recovered] == [(1, 1), (2, 1), (4, 2), (5, 1)]
     a = load_file(clean / "checkpoints/step_6/policy.safetensors")
     b = load_file(faulty / "checkpoints/step_6/policy.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed run's weights differ from the clean run"
@@ -113,3 +118,41 @@ def test_nan_reward_faults_and_a_slow_worker_are_handled_in_process(model_dir, t
     assert rows[5]["train/reward_failed"] == 2 and rows[5]["reward/timeouts"] == 2 and rows[6]["reward/timeouts"] == 0
     assert rows[3]["actor/nonfinite_skips"] >= 1
     assert "crash" not in kinds and "killed" not in kinds
+
+
+def _processes_of(run_dir) -> list[int]:
+    """Pids of the processes whose command line names ``run_dir``."""
+    from pathlib import Path
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and f"run.dir={run_dir}".encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_killed_trainer_resumes_warm_from_the_snapshot_and_ends_bit_identical(model_dir, tmp_path):
+    """No checkpoint before the kill (every 20 steps): the standby, built while the first
+    trainer trained, resumes from the in-memory snapshot of step 9, loses no step, and the
+    weights equal the clean run's; the next standby does not outlive the run."""
+    clean, faulty = tmp_path / "clean", tmp_path / "faulty"
+    base = [*tiny_run(model_dir, clean, 12), "checkpoint.every_steps=20"]
+    Controller(load("recipes/grpo.yaml", base)).run()
+    args = [*tiny_run(model_dir, faulty, 12), "checkpoint.every_steps=20", "resilience.backoff_s=0.05",
+            "resilience.standby=true", "faults=[sigkill@10:stage=update_actor]"]
+    proc = supervised(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = read_jsonl(faulty / "events.jsonl")
+    resumes = [e for e in events if e["kind"] == "resume"]
+    assert resumes[-1]["source"] == "snapshot" and resumes[-1]["from_step"] == 9
+    recovered = next(e for e in events if e["kind"] == "recovered")
+    assert recovered["steps_lost"] == 0 and recovered["warm"] is True
+    assert [e["step"] for e in events if e["kind"] == "checkpoint"] == [12]
+    a = load_file(clean / "checkpoints/step_12/policy.safetensors")
+    b = load_file(faulty / "checkpoints/step_12/policy.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the run resumed from the snapshot differs from the clean run"
+    assert [r["step"] for r in read_jsonl(faulty / "metrics.jsonl")] == list(range(1, 13))
+    assert _processes_of(faulty) == []

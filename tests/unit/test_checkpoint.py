@@ -358,3 +358,131 @@ def test_an_exception_from_the_serialiser_is_a_write_error(tmp_path: Path, monke
     with pytest.raises(CheckpointWriteError, match="pickler exploded") as err:
         CheckpointWriter(tmp_path, 2).save(2, {}, {})
     assert err.value.cause == "RuntimeError: pickler exploded" and find_latest(tmp_path) == tmp_path / "step_1"
+
+
+# ---------------------------------------------------------------- the in-memory snapshot
+from reasonrl.checkpoint.checkpointer import Checkpointer  # noqa: E402
+from reasonrl.checkpoint.registry import StateRegistry  # noqa: E402
+from reasonrl.checkpoint.snapshot import SnapshotStore  # noqa: E402
+from reasonrl.config import load  # noqa: E402
+from reasonrl.metrics import EventLog, read_jsonl  # noqa: E402
+
+
+def test_snapshot_round_trip_and_a_torn_or_damaged_one_is_ignored(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    assert store.load() is None and "no snapshot" in store.problem
+    parts, state = _parts(2), _state(2)
+    store.save(7, parts, state, {"time": 1.5})
+    found = store.load()
+    assert found.step == 7 and found.meta == {"time": 1.5} and store.problem == ""
+    for part, state_dict in parts.items():
+        for name, tensor in state_dict.items():
+            _assert_same(found.tensors[part][name], tensor)
+    _assert_same(found.state, state)
+    assert [p.name for p in tmp_path.iterdir()] == ["snapshot.pt"]  # no temporary file left
+    whole = store.path.read_bytes()
+    store.path.write_bytes(whole[:-100])  # cut short, as a write that died half way
+    assert store.load() is None and "torn" in store.problem
+    flipped = bytearray(whole)
+    flipped[-10] ^= 0xFF
+    store.path.write_bytes(bytes(flipped))
+    assert store.load() is None and "damaged" in store.problem
+    store.path.write_bytes(whole[:20])
+    assert store.load() is None and "not a snapshot" in store.problem
+
+
+WRITER = r"""
+import sys, torch
+from reasonrl.checkpoint.snapshot import SnapshotStore
+store = SnapshotStore(sys.argv[1])
+big = {"policy": {"w": torch.zeros(4_000_000)}}
+step = 0
+while True:
+    step += 1
+    big["policy"]["w"].fill_(step)
+    store.save(step, big, {"step": step}, {"time": 0.0})
+    print(step, flush=True)
+"""
+
+
+def test_a_kill_in_the_middle_of_a_snapshot_write_leaves_the_previous_one(tmp_path: Path) -> None:
+    """A writer SIGKILLed while it writes 16 MB snapshots in a loop: what is left verifies and
+    is one whole snapshot (its tensor holds its own step), and its temporary file is ignored."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(3):  # a few snapshots written: the kill lands in one of the next writes
+            assert proc.stdout.readline(), "the writer died"
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    found = SnapshotStore(tmp_path).load()
+    assert found is not None and found.step >= 3 and found.state == {"step": found.step}
+    assert torch.equal(found.tensors["policy"]["w"], torch.full((4_000_000,), float(found.step)))
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "weights": {"w": torch.full((2,), float(self.value))}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+        assert torch.equal(state["weights"]["w"], torch.full((2,), float(self.value)))
+
+
+def _checkpointer(run_dir: Path, snapshots: Path) -> tuple[Checkpointer, _Counter]:
+    cfg = load(None, [f"run.dir={run_dir}", "checkpoint.every_steps=4", "train.total_steps=10"])
+    registry, counter = StateRegistry(), _Counter()
+    ckpt = Checkpointer(cfg, run_dir, registry, CheckpointWriter(run_dir / "checkpoints", 2), EventLog(run_dir),
+                        "data", log=lambda line: None, snapshots=SnapshotStore(snapshots))
+    registry.add("counter", counter)
+    return ckpt, counter
+
+
+def test_resume_takes_the_newer_of_the_snapshot_and_the_checkpoint(tmp_path: Path) -> None:
+    run_dir, shm = tmp_path / "run", tmp_path / "shm"
+    shm.mkdir()
+    ckpt, counter = _checkpointer(run_dir, shm)
+    counter.value = 4
+    ckpt.save(4, final=False)
+    counter.value = 6
+    ckpt.snapshot(6, last_checkpoint=100.0, due=False)
+    ckpt, counter = _checkpointer(run_dir, shm)  # a restarted trainer
+    assert ckpt.resume() == 6 and counter.value == 6 and ckpt.from_snapshot["checkpoint_time"] == 100.0
+    assert ckpt.catch_up(6, 200.0) == 100.0  # no checkpoint was due at 6: the schedule goes on from the last one
+    ckpt.emit_resume(6)
+    resume = read_jsonl(run_dir / "events.jsonl")[-1]
+    assert resume["source"] == "snapshot" and resume["from_step"] == 6 and resume["state_time"] > 0
+    # A torn snapshot is skipped (an event says why): the checkpoint of step 4 is the resume.
+    (shm / "snapshot.pt").write_bytes((shm / "snapshot.pt").read_bytes()[:-1])
+    ckpt, counter = _checkpointer(run_dir, shm)
+    assert ckpt.resume() == 4 and counter.value == 4 and ckpt.from_snapshot is None
+    ckpt.emit_resume(4)
+    skipped, resume = read_jsonl(run_dir / "events.jsonl")[-2:]
+    assert skipped["kind"] == "snapshot_skipped" and "torn" in skipped["reason"] and resume["source"] == "checkpoint"
+    # A snapshot older than the newest checkpoint loses to it.
+    ckpt.snapshot(3, last_checkpoint=0.0, due=False)
+    ckpt, counter = _checkpointer(run_dir, shm)
+    assert ckpt.resume() == 4 and ckpt.from_snapshot is None
+
+
+def test_a_checkpoint_due_at_the_snapshot_step_is_written_after_the_resume(tmp_path: Path) -> None:
+    """The trainer died writing step 8's checkpoint (after step 8's snapshot): the restarted
+    one resumes at 8 and writes that checkpoint first."""
+    run_dir, shm = tmp_path / "run", tmp_path / "shm"
+    shm.mkdir()
+    ckpt, counter = _checkpointer(run_dir, shm)
+    counter.value = 4
+    ckpt.save(4, final=False)
+    counter.value = 8
+    ckpt.snapshot(8, last_checkpoint=100.0, due=True)
+    ckpt, counter = _checkpointer(run_dir, shm)
+    assert ckpt.resume() == 8
+    assert ckpt.catch_up(8, 200.0) > 200.0
+    assert find_latest(run_dir / "checkpoints") == run_dir / "checkpoints" / "step_8"
+    assert load_checkpoint(run_dir / "checkpoints" / "step_8")[2]["counter"]["value"] == 8

@@ -56,6 +56,18 @@ def test_failures_an_invocation_gave_up_on_lose_nothing_of_the_gap_after_it():
     assert figures["incidents"] == {"crash": 2, "gave_up": 1}
 
 
+def test_a_resume_from_the_snapshot_loses_from_the_snapshot_on():
+    """Checkpoint at step 2 (t=104), snapshot of step 4 taken at t=109, a kill at t=110; the
+    restart resumes from the snapshot at t=111.5: 2.5 s lost, not the 7.5 s since the checkpoint."""
+    events = [
+        ev(100.0, "start", 0), ev(104.0, "checkpoint", 2), ev(110.0, "killed", 4),
+        ev(111.5, "resume", 4, from_step=4, source="snapshot", state_time=109.0), ev(111.6, "start", 4),
+        ev(113.0, "recovered", 5, recover_s=3.0, steps_lost=0),
+    ]
+    figures = effective_time(events, STEPS)
+    assert figures["lost_s"] == pytest.approx(2.5) and figures["steps_lost"] == 0
+
+
 def test_consecutive_failures_before_one_restart_count_once():
     events = [
         ev(100.0, "start", 0), ev(104.0, "checkpoint", 2),

@@ -224,3 +224,15 @@ def test_ckpt_kill_dies_mid_write_and_keeps_the_previous_checkpoint(children):
 def test_faults_and_guards_import_without_torch(children):
     _, rc, _, err = _finish(children, "light")
     assert rc == 0, err
+
+
+def test_a_plan_bound_before_another_process_fired_a_fault_does_not_fire_it_again(tmp_path):
+    """A standby trainer binds the run directory long before the trainer it replaces fires its
+    faults: the plan reads the fired file again when it changed."""
+    standby = parse_faults(["crash@3", "nan@4"]).bind(tmp_path)
+    trainer = parse_faults(["crash@3", "nan@4"]).bind(tmp_path)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        trainer.fire("crash", 3, stage="gen")
+    standby.fire("crash", 3, stage="gen")  # already fired: nothing happens
+    assert standby.at("nan", 4) is not None and trainer.poison_loss(4)
+    assert standby.at("nan", 4) is None and not standby.poison_loss(4)

@@ -52,3 +52,18 @@ def test_a_forked_child_that_lingers_does_not_keep_the_lock(tmp_path):
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+def test_a_new_snapshot_directory_sweeps_those_of_dead_supervisors(tmp_path, monkeypatch):
+    from reasonrl.resilience import rundir
+
+    monkeypatch.setattr(rundir, "snapshot_root", lambda: tmp_path)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"reasonrl-snapshot-{int(gone.stdout)}-abc"
+    alive = tmp_path / f"reasonrl-snapshot-{os.getppid()}-def"
+    for d in (dead, alive):
+        d.mkdir()
+        (d / "snapshot.pt").write_bytes(b"x")
+    made = rundir.new_snapshot_dir()
+    assert made.parent == tmp_path and made.name.startswith(f"reasonrl-snapshot-{os.getpid()}-")
+    assert not dead.exists() and alive.exists()

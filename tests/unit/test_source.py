@@ -195,3 +195,23 @@ def test_data_metrics_of_a_step_sum_the_counts_of_its_collects_and_keep_the_newe
     restored.load_state_dict(queue.state_dict())
     second = restored.take(1, version=1)  # no collect since: the levels stay, no prompt retired
     assert (second.metrics["data/curriculum/retired"], second.metrics["data/mix/a"]) == (0.0, 0.75)
+
+
+def test_a_source_launched_ahead_still_starts_from_the_state_a_resume_restores():
+    """A standby trainer launches its rollout side before its go; the resume that follows
+    restores the producer's state, which the first publish hands to that same launch."""
+    launched: list[_Recorder] = []
+
+    def launch():
+        launched.append(_Recorder())
+        return launched[-1]
+
+    source = AsyncSource(launch, WeightsUpdate(0, {}), n=N, pad_id=PAD, want=2, max_staleness=0, lockstep=True,
+                         timeout_s=5, emit=lambda *a, **k: None)
+    source.prepare()
+    assert len(launched) == 1 and launched[0].calls == []
+    source.load_state_dict({"producer": {"draws": 3}, "queue": GroupQueue(N, PAD, 0).state_dict(), "delivered": 1,
+                            "held_out": []})
+    source.publish(WeightsUpdate(1, {}))
+    assert len(launched) == 1 and launched[0].restored == [({"draws": 3},)]
+    assert [c[0] for c in launched[0].calls][:2] == ["load_state_dict", "load_weights"]

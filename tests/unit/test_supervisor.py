@@ -18,12 +18,19 @@ from reasonrl.resilience.supervisor import RestartPolicy, summarize_run, supervi
 
 # A stand-in for `reasonrl train`: resumes from its checkpoint (every 2 steps), logs one
 # metrics row per step and touches its heartbeat; on its first attempt (every attempt in
-# "always" mode) it fails at step FAIL_AT the way MODE says. On SIGTERM it exits 0.
+# "always" mode) it fails at step FAIL_AT the way MODE says ("twice": and its second attempt at
+# FAIL_AT + 2). On SIGTERM it exits 0. Started as a standby, it records its pid in
+# standby_pids and waits for the go first.
 CHILD = r"""
 import faulthandler, json, os, signal, sys, time
 from pathlib import Path
 
 run_dir, mode, fail_at, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if "REASONRL_STANDBY_FD" in os.environ:
+    with open(run_dir / "standby_pids", "a") as f:
+        f.write(f"{os.getpid()}\n")
+    if os.read(int(os.environ["REASONRL_STANDBY_FD"]), 1) != b"g":
+        sys.exit(0)
 
 
 def fill_disk():
@@ -80,11 +87,13 @@ for step in range(resumed + 1, steps + 1):
     append("metrics.jsonl", {"step": step, "timing_s/step": time.perf_counter() - began, "attempt": attempt})
     if step % 2 == 0:
         ckpt.write_text(str(step))
+    if mode == "twice" and attempt == 2 and step == fail_at + 2:
+        raise RuntimeError(f"boom again at step {step}")
     if step != fail_at or (attempt > 1 and mode != "always"):
         continue
     if mode == "full":
         fill_disk()
-    if mode in ("crash", "always", "relapse", "full"):
+    if mode in ("crash", "always", "relapse", "full", "twice"):
         raise RuntimeError(f"boom at step {step}")
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -103,12 +112,14 @@ if mode == "full":
 FAST = RestartPolicy(max_restarts=3, backoff_s=0.01, backoff_max_s=0.01)
 
 
-def run_child(tmp_path: Path, mode: str, policy: RestartPolicy = FAST, fail_at: int = 3, steps: int = 4):
+def run_child(tmp_path: Path, mode: str, policy: RestartPolicy = FAST, fail_at: int = 3, steps: int = 4,
+              standby: bool = False):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    result = supervise([sys.executable, str(script), str(run_dir), mode, str(fail_at), str(steps)], run_dir, policy)
+    result = supervise([sys.executable, str(script), str(run_dir), mode, str(fail_at), str(steps)], run_dir, policy,
+                       standby=standby)
     return result, run_dir, read_jsonl(run_dir / "events.jsonl")
 
 
@@ -203,7 +214,7 @@ def test_a_full_disk_takes_the_supervisors_events_and_summary_to_stderr(small_di
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     run_dir = small_disk / "run"
-    cfg = load(None, [f"run.dir={run_dir}", "resilience.max_restarts=3", "resilience.backoff_s=0.01"])
+    cfg = load(None, [f"run.dir={run_dir}", "resilience.max_restarts=3", "resilience.backoff_s=0.01", "resilience.standby=false"])
     code = train_supervised(cfg, [sys.executable, str(script), str(run_dir), "full", "3", "4"])
     out, err = capfd.readouterr()
     assert code == 0, err
@@ -218,6 +229,37 @@ def test_a_full_disk_takes_the_supervisors_events_and_summary_to_stderr(small_di
     assert json.loads(summary_line.split("; the summary: ", 1)[1])["steps"] == 4
     assert not (run_dir / "summary.json").exists() and json.loads(out.strip().splitlines()[-1])["restarts"] == 1
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_a_recovery_starts_the_backoff_over(tmp_path):
+    policy = RestartPolicy(max_restarts=3, backoff_s=0.01, backoff_max_s=1.0)
+    result, _, events = run_child(tmp_path, "twice", policy, fail_at=3, steps=6)
+    assert (result.returncode, result.restarts) == (0, 2)
+    assert kinds(events) == ["start", "resume", "crash", "start", "resume", "recovered", "crash", "start", "resume",
+                             "recovered", "done"]
+    assert [i["backoff_s"] for i in result.incidents] == [0.01, 0.01]  # not 0.02: the run recovered in between
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # our children: reaped by the supervisor once they exit
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_restart_gives_the_standby_the_go_and_no_standby_outlives_the_supervisor(tmp_path):
+    """The standby, started once the first child trains, replaces it after its crash (the
+    recovery says warm); a second standby, started once that one recovered, is retired at the end."""
+    # 40 steps of 10 ms before the crash: the supervisor (polling every 0.1 s) sees the child train
+    result, run_dir, events = run_child(tmp_path, "crash", fail_at=40, steps=44, standby=True)
+    assert (result.returncode, result.restarts) == (0, 1)
+    recovered = next(e for e in events if e["kind"] == "recovered")
+    assert recovered["warm"] is True and recovered["from_step"] == 40
+    pids = [int(p) for p in (run_dir / "standby_pids").read_text().split()]
+    starts = [e for e in events if e["kind"] == "start"]
+    assert len(starts) == 2 and len(pids) >= 1
+    assert not any(_alive(pid) for pid in pids)
 
 
 def test_backoff_doubles_up_to_the_cap():

@@ -87,8 +87,10 @@ def test_rollout_side_faults_act_in_async_mode_and_name_the_worker(model_dir, tm
     failed = [e for e in events if e["kind"] == "reward_failed"]
     assert [e["step"] for e in failed][:2] == [2, 3] and "injected reward error" in failed[0]["errors"][0]
     assert "timeout after 0.5s" in " ".join(failed[1]["errors"])
-    slow = [e for e in events if e["kind"] == "slowdown"]
-    assert slow and slow[0]["stage"] == "gen" and slow[0]["worker"] == 1 and slow[0]["step"] >= 8, slow
+    # The generation stage's first slowdown names worker 1, from step 8 (a stage of the trainer's
+    # that takes a fraction of a millisecond can pass slow_min_s when the machine is busy).
+    slow = [e for e in events if e["kind"] == "slowdown" and e["stage"] == "gen"]
+    assert slow and slow[0]["worker"] == 1 and slow[0]["step"] >= 8, slow
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(rows) == 14 and rows[-1]["rollout/worker1/groups"] < rows[-1]["rollout/worker0/groups"]  # work moved off 1
 

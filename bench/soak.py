@@ -14,7 +14,7 @@ and ``resume_to_step_s`` (to its first new step: the rollout worker's start, the
 
 Where a cold restart's time goes (``cold_start``, a fresh process on the clean run's config,
 one step): ``python_s`` (the interpreter up), ``import_s`` (reasonrl's controller and build
-modules: torch, transformers), ``build_s`` (the Controller: warm start cache, tokenizer, data,
+modules: torch, transformers; then the workers' zygote forked), ``build_s`` (the Controller: warm start cache, tokenizer, data,
 the model and optimizer), ``resume_s`` (to the ``resume`` event), ``rollout_start_s`` (to
 ``rollout_started``: the rollout worker process) and ``first_step_s`` (its ``timing_s/step``).
 ``snapshot_ms``: the median time of one in-memory snapshot of the clean run's final state
@@ -54,8 +54,10 @@ FAULTS = (
 
 def overrides(steps: int) -> list[str]:
     """The demo recipe as shipped, for ``steps`` steps with no validation; restarts enough for
-    every fault; a 5 s hang timeout (the recipe's longest stage takes about 1 s on 2 cores) and
-    the drill's 0.5 s back-off."""
+    every fault; a 5 s hang timeout (the recipe's longest stage takes about 1 s on 2 cores), the
+    drill's 0.5 s back-off, and the standby trainer on (``resilience.standby=auto`` keeps none
+    on fewer than 4 cores; ``resilience.standby=false`` as an extra override measures cold
+    restarts)."""
     return [
         f"train.total_steps={steps}",
         "eval.every_steps=0",
@@ -63,6 +65,7 @@ def overrides(steps: int) -> list[str]:
         "resilience.max_restarts=10",
         "resilience.hang_timeout_s=5",
         "resilience.backoff_s=0.5",
+        "resilience.standby=true",
     ]
 
 
@@ -103,6 +106,8 @@ began = float(sys.argv[1])
 up = time.time()
 import reasonrl.build, reasonrl.controller
 from reasonrl.config import load
+from reasonrl.runtime.process import start_worker_processes
+start_worker_processes(("reasonrl.build",))  # as a trainer does: the workers' zygote
 imported = time.time()
 controller = reasonrl.controller.Controller(load(sys.argv[2], sys.argv[3:]))
 built = time.time()

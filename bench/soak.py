@@ -55,9 +55,8 @@ FAULTS = (
 def overrides(steps: int) -> list[str]:
     """The demo recipe as shipped, for ``steps`` steps with no validation; restarts enough for
     every fault; a 5 s hang timeout (the recipe's longest stage takes about 1 s on 2 cores), the
-    drill's 0.5 s back-off, and the standby trainer on (``resilience.standby=auto`` keeps none
-    on fewer than 4 cores; ``resilience.standby=false`` as an extra override measures cold
-    restarts)."""
+    drill's 0.5 s back-off, and the standby trainer on (``resilience.standby=false`` as an
+    extra override measures cold restarts)."""
     return [
         f"train.total_steps={steps}",
         "eval.every_steps=0",

@@ -50,9 +50,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     run directory's lock."""
     recipe = recipe_path(args.recipe)
     cfg = load(recipe, args.overrides)
+    supervising = not args.no_supervisor and cfg.resilience.supervise and not args.dry_run
+    if not supervising:  # this process loads torch: its OpenMP threads' wait, chosen first
+        args.openmp_waits = openmp_waits(_standby_beside(cfg))
     if SUPERVISOR_ENV in os.environ and os.environ.get(ATTEMPT_ENV, "1") != "1":
         return _train_here(cfg)  # a restart: the first child checked this run
-    if not args.no_supervisor and cfg.resilience.supervise and not args.dry_run:
+    if supervising:
         if run_state(cfg).kind == "complete" and same_run(cfg):
             print(complete_summary(cfg))
             return 0
@@ -69,6 +72,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     print(plan.starting(args.openmp_waits), flush=True)
     return _train_here(cfg)
+
+
+def _standby_beside(cfg) -> str:
+    """What of the run's own runs beside this trainer: the supervisor's standby trainer, built
+    while one trains (``resilience.standby``), or nothing."""
+    if SUPERVISOR_ENV in os.environ and cfg.resilience.standby:
+        return "a standby trainer builds beside the running one (resilience.standby)"
+    return ""
 
 
 def _train_here(cfg) -> int:
@@ -547,7 +558,7 @@ TRAINING_COMMANDS = ("train", "demo", "sft", "eval", "sweep", "drill")
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.command in TRAINING_COMMANDS:  # before anything loads torch, here or in a process started from here
+    if args.command in TRAINING_COMMANDS and args.command != "train":  # before anything loads torch (train: cmd_train)
         args.openmp_waits = openmp_waits()
     try:
         return args.fn(args)

@@ -498,14 +498,15 @@ class ResilienceConfig:
     resumes from it when it is newer than the last checkpoint: a crash costs the step in
     progress, not the checkpoint interval. It is no checkpoint: it dies with the machine and is
     gone when supervision ends (checkpoint.* keep their guarantees); 0: off."""
-    standby: bool | Literal["auto"] = "auto"
+    standby: bool = False
     """The supervisor keeps a standby trainer ready for the next restart: started once the
     trainer has trained a step, it imports and (on the cpu device, with the local engine and one
     trainer rank) builds its roles, then waits; a restart gives it the go instead of starting a
-    cold process. It holds a second copy of the model in memory while it waits, and its build
-    takes CPU from the steps it overlaps. ``auto``: where the trainer may use at least
-    :data:`~reasonrl.resilience.supervisor.STANDBY_MIN_CORES` cores (on 2 cores its build slowed
-    a 1 s step several-fold)."""
+    cold process (on 2 cores: 2 s from a failure to the next step against 6 s). Its costs: a
+    second copy of the model in memory while it waits, and CPU beside the running trainer: its
+    build would stall torch's spinning OpenMP threads, so the trainer's threads and the
+    standby's sleep at once (``OMP_WAIT_POLICY=PASSIVE``: a DAPO step of the embedded recipe
+    about 1.4x slower on an idle machine). Worth it where faults are frequent."""
     nonfinite_max_consecutive: int = 3
     """Non-finite updates skipped in a row before rolling back to the last checkpoint."""
     spike_window: int = 20

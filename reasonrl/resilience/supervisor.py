@@ -72,20 +72,6 @@ from reasonrl.resilience.guards import read_hang_dump
 from reasonrl.resilience.rundir import (ATTEMPT_ENV, LOCK_FILE, SNAPSHOT_ENV, STANDBY_ENV, RunLock, check_run_dir,
                                         new_snapshot_dir)
 
-STANDBY_MIN_CORES = 4
-"""``resilience.standby=auto`` keeps a standby where the trainer may use this many cores or more."""
-
-
-def wants_standby(setting: bool | str) -> bool:
-    """``resilience.standby``: as set, or for ``auto`` whether this machine gives the trainer at
-    least :data:`STANDBY_MIN_CORES` cores (read without torch)."""
-    if isinstance(setting, bool):
-        return setting
-    from reasonrl.runtime.threads import available_cores
-
-    return available_cores() >= STANDBY_MIN_CORES
-
-
 HANG_DUMP = "hang_dump.txt"
 """The stack dump the child's faulthandler watchdog writes before it exits."""
 
@@ -624,7 +610,7 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
         pass_fds, env = lock.inherit()
         if snapshots is not None:
             env[SNAPSHOT_ENV] = str(snapshots)
-        result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds, standby=wants_standby(r.standby))
+        result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds, standby=r.standby)
         if result.refused:  # the child said why; the directory stays as it was
             if made_lock:
                 _remove_made(run_dir, made_dir)

@@ -71,11 +71,12 @@ def _own_cgroups() -> list[tuple[str, str]]:
     return [(parts[1], parts[2]) for parts in (line.split(":", 2) for line in lines) if len(parts) == 3]
 
 
-def openmp_waits() -> str:
+def openmp_waits(beside: str = "") -> str:
     """Choose how torch's OpenMP threads wait at a barrier, for this process and every process it
     starts, before torch loads (libgomp reads the variables once, when it is loaded); returns
     the choice in words. An ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` of the environment stands.
-    Otherwise, when other work keeps at least half a core busy (:func:`others_busy_cores`),
+    Otherwise, when work of the run's own will run ``beside`` (what, in words: a standby
+    trainer's build), or other work keeps at least half a core busy (:func:`others_busy_cores`),
     the threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``); on an idle machine libgomp's
     default stands: they spin about 300,000 iterations first.
 
@@ -87,6 +88,9 @@ def openmp_waits() -> str:
     given = [f"{key}={os.environ[key]}" for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if key in os.environ]
     if given:
         return f"as the environment sets them ({', '.join(given)})"
+    if beside:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        return f"sleeping (OMP_WAIT_POLICY=PASSIVE): {beside}"
     busy = others_busy_cores()
     if busy >= 0.5:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"

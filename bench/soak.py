@@ -18,7 +18,7 @@ modules: torch, transformers; then the workers' zygote forked), ``build_s`` (the
 the model and optimizer), ``resume_s`` (to the ``resume`` event), ``rollout_start_s`` (to
 ``rollout_started``: the rollout worker process) and ``first_step_s`` (its ``timing_s/step``).
 ``snapshot_ms``: the median time of one in-memory snapshot of the clean run's final state
-(``torch.save`` into memory, sha256, the write to ``/dev/shm``), beside the clean run's median
+(``torch.save`` into memory, its CRC-32, the copy into ``/dev/shm``), beside the clean run's median
 step.
 
     python bench/soak.py                              # 40 steps, the six faults below

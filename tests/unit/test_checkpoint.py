@@ -380,6 +380,14 @@ def test_snapshot_round_trip_and_a_torn_or_damaged_one_is_ignored(tmp_path: Path
             _assert_same(found.tensors[part][name], tensor)
     _assert_same(found.state, state)
     assert [p.name for p in tmp_path.iterdir()] == ["snapshot.pt"]  # no temporary file left
+    # The next save writes the spare file and renames it over; the old snapshot's file (its
+    # inode: its memory pages) becomes the spare the save after overwrites in place.
+    first = store.path.stat().st_ino
+    store.save(8, parts, state, {"time": 2.5})
+    assert store.load().step == 8 and (tmp_path / ".snapshot-next.pt").stat().st_ino == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".snapshot-next.pt", "snapshot.pt"]
+    store.save(9, parts, state, {"time": 3.5})
+    assert store.path.stat().st_ino == first and store.load().step == 9
     whole = store.path.read_bytes()
     store.path.write_bytes(whole[:-100])  # cut short, as a write that died half way
     assert store.load() is None and "torn" in store.problem
@@ -387,7 +395,7 @@ def test_snapshot_round_trip_and_a_torn_or_damaged_one_is_ignored(tmp_path: Path
     flipped[-10] ^= 0xFF
     store.path.write_bytes(bytes(flipped))
     assert store.load() is None and "damaged" in store.problem
-    store.path.write_bytes(whole[:20])
+    store.path.write_bytes(whole[:12])  # not even the header
     assert store.load() is None and "not a snapshot" in store.problem
 
 

@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
 from reasonrl.errors import error_line
+from reasonrl.pids import pid_alive
 
 FORMAT = "reasonrl-checkpoint"
 FORMAT_VERSION = 1
@@ -350,15 +351,7 @@ def _writer_alive(pid: int) -> bool:
     Our own pid counts as dead: our live directories are in ``_in_flight``, and a
     restarted run often gets the pid of the run that was killed (containers).
     """
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid != os.getpid() and pid_alive(pid)
 
 
 def _new_tmp_path(root: Path, step: int) -> Path:

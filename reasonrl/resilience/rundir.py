@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from reasonrl.errors import RunDirError
+from reasonrl.pids import pid_alive
 
 LOCK_FILE = "run.lock"
 LOCK_FD_ENV = "REASONRL_RUN_LOCK_FD"
@@ -231,19 +232,9 @@ def new_snapshot_dir() -> Path:
     root = snapshot_root()
     for old in root.glob(f"{SNAPSHOT_PREFIX}*-*"):
         pid = old.name[len(SNAPSHOT_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{SNAPSHOT_PREFIX}{os.getpid()}-", dir=root))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def snapshot_dir() -> Path | None:

@@ -43,6 +43,8 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
+from reasonrl.pids import pid_alive
+
 PROBE_TIMEOUT_S = 3.0
 """How long the zygote's probe may take to run torch's parallel region (milliseconds where
 forking is safe; forever where it is not)."""
@@ -259,16 +261,6 @@ def _worker_main(conn_fd: int, payload: bytes) -> None:
         os._exit(code)
 
 
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _read_exact(sock: socket.socket, size: int, timeout_s: float | None) -> bytes:
     sock.settimeout(timeout_s)
     data = bytearray()
@@ -354,7 +346,7 @@ class ZygoteProcess:
                 if code is not None:
                     self.exitcode = code
                     return
-            while _exists(self.pid):
+            while pid_alive(self.pid):
                 if deadline is not None and time.monotonic() >= deadline:
                     return
                 time.sleep(0.01)

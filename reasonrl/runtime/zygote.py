@@ -39,6 +39,7 @@ import struct
 import sys
 import threading
 import traceback
+import warnings
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -103,7 +104,12 @@ def start_zygote() -> bool:
     gc.collect()  # what is garbage now is not inherited
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     keep = _inherited_fds_to_keep()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns of a fork while the OS counts other threads: here those of native
+        # pools (OpenBLAS's, which shuts them down around a fork), no Python thread, and the
+        # probe checks torch's OpenMP.
+        warnings.filterwarnings("ignore", message=r".*multi-threaded, use of fork\(\)", category=DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the zygote
         ours.close()
         try:

@@ -349,10 +349,6 @@ class ProcessGroup:
     ) -> None:
         if len(args_per_worker) < 1:
             raise ValueError(f"ProcessGroup {name}: expected at least one worker")
-        self._ctx = _context()
-        if self._ctx.get_start_method() == "forkserver":
-            heavy = PRELOAD if "torch" in sys.modules else ()
-            self._ctx.set_forkserver_preload(list(dict.fromkeys([*heavy, factory.__module__])))
         self.name = name
         self.size = len(args_per_worker)
         self.timeout_s = timeout_s
@@ -370,7 +366,11 @@ class ProcessGroup:
 
     def _start(self, index: int) -> _Child:
         label = self.name if self.size == 1 else f"{self.name}[{index}]"
-        return _Child(self._ctx, self._factory, self._args[index], self._concurrent, label, self.start_timeout_s)
+        ctx = _context()  # asked at each start: a zygote that died leaves the restarts to the forkserver
+        if ctx.get_start_method() == "forkserver":
+            heavy = PRELOAD if "torch" in sys.modules else ()
+            ctx.set_forkserver_preload(list(dict.fromkeys([*heavy, self._factory.__module__])))
+        return _Child(ctx, self._factory, self._args[index], self._concurrent, label, self.start_timeout_s)
 
     @property
     def pids(self) -> list[int]:

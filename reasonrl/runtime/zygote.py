@@ -75,8 +75,20 @@ _probe_failed_in: int | None = None
 
 
 def running() -> bool:
-    """Whether this process has a zygote (a process forked from this one inherits none)."""
-    return _zygote is not None and _zygote.owner == os.getpid()
+    """Whether this process has a zygote that is alive (a process forked from this one inherits
+    none; one that died, killed, is forgotten, and the forkserver starts the workers after it)."""
+    global _zygote
+    if _zygote is None or _zygote.owner != os.getpid():
+        return False
+    try:
+        ended, _ = os.waitpid(_zygote.pid, os.WNOHANG)
+    except ChildProcessError:
+        ended = _zygote.pid
+    if ended:
+        _zygote.sock.close()
+        _zygote = None
+        return False
+    return True
 
 
 def unsafe_reason() -> str | None:

@@ -60,6 +60,12 @@ except WorkerDied as err:
     out["died"] = str(err)
 group.restart(1)
 out["restarted"] = group.call("info")[1]
+if len(sys.argv) == 2:  # the zygote killed: a restart's worker comes from the forkserver instead
+    os.kill(zygote._zygote.pid, 9)
+    time.sleep(0.5)
+    group.restart(0)
+    out["after_zygote"] = group.call("info")[0]
+    out["zygote_running"] = zygote.running()
 print(json.dumps(out), flush=True)
 if len(sys.argv) > 2:
     os.kill(os.getpid(), 9)  # the trainer dies: the zygote and its workers must follow
@@ -76,6 +82,7 @@ def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_workers_are_forked_by_the_zygote_without_the_trainers_files_and_report_errors_and_exit_codes(tmp_path):
+    # ... and once the zygote is killed, a restarted worker starts through the forkserver.
     proc = _run(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
@@ -86,6 +93,8 @@ def test_workers_are_forked_by_the_zygote_without_the_trainers_files_and_report_
     assert "exit code 3" in out["died"]
     assert out["restarted"]["ppid"] == zygote_pid and out["restarted"]["pid"] != out["info"][1]["pid"]
     # No worker holds a file the trainer held open (its run.lock, say).
+    assert out["zygote_running"] is False and out["after_zygote"]["ppid"] != zygote_pid
+    assert out["after_zygote"]["sum"] == 2.0 * (1 << 18)
     held = str((tmp_path / "held.lock").resolve())
     assert all(held not in info["files"] for info in out["info"] + [out["restarted"]])
 

@@ -77,18 +77,28 @@ _probe_failed_in: int | None = None
 def running() -> bool:
     """Whether this process has a zygote that is alive (a process forked from this one inherits
     none; one that died, killed, is forgotten, and the forkserver starts the workers after it)."""
+    return _current() is not None
+
+
+_STATE = threading.Lock()
+
+
+def _current() -> _Zygote | None:
+    """This process's live zygote, or None (see :func:`running`); safe from any thread."""
     global _zygote
-    if _zygote is None or _zygote.owner != os.getpid():
-        return False
-    try:
-        ended, _ = os.waitpid(_zygote.pid, os.WNOHANG)
-    except ChildProcessError:
-        ended = _zygote.pid
-    if ended:
-        _zygote.sock.close()
-        _zygote = None
-        return False
-    return True
+    with _STATE:
+        zygote = _zygote
+        if zygote is None or zygote.owner != os.getpid():
+            return None
+        try:
+            ended, _ = os.waitpid(zygote.pid, os.WNOHANG)
+        except ChildProcessError:
+            ended = zygote.pid
+        if ended:
+            zygote.sock.close()
+            _zygote = None
+            return None
+        return zygote
 
 
 def unsafe_reason() -> str | None:
@@ -311,13 +321,14 @@ class ZygoteProcess:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        if not running():
+        zygote = _current()
+        if zygote is None:
             raise RuntimeError("this process has no zygote")
         conn, *rest = self._args
         payload = pickle.dumps((self._target, tuple(rest), self.name))
         status_r, status_w = os.pipe()
         try:
-            _zygote.request(payload, [conn.fileno(), status_w])
+            zygote.request(payload, [conn.fileno(), status_w])
         finally:
             os.close(status_w)
         self._status = status_r

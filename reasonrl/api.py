@@ -107,12 +107,12 @@ def train_in_process(cfg: Config, on_step: StepCallback | None = None) -> tuple[
             if controller is not None:
                 controller.close()
             return None, None
-        if controller is not None and scaled(cfg, cfg.run.dir) != run_cfg:
+        asked = scaled(cfg, cfg.run.dir)  # reasonrl scale may have asked for other counts meanwhile
+        if controller is not None and asked != run_cfg:
             controller.close()
             controller = None
         if controller is None:
-            run_cfg = scaled(cfg, cfg.run.dir)
-            controller = Controller(run_cfg, topology=prepare(run_cfg))
+            controller = Controller(asked, topology=prepare(asked))
     last = controller.run(on_step)
     return final_summary(last, console_fields(cfg.rollout.mode)), controller.stopped_by
 

@@ -117,13 +117,14 @@ def start_worker_processes(factory_modules: tuple[str, ...]) -> None:
     that starts each worker for the cost of a fork (:func:`~reasonrl.runtime.zygote.start_zygote`).
     Where forking is not safe, start the forkserver with those modules preloaded: its imports
     (seconds) then run beside the caller's own instead of when the first group starts."""
-    for module in dict.fromkeys([*PRELOAD, *factory_modules]):
+    modules = list(dict.fromkeys([*PRELOAD, *factory_modules]))
+    for module in modules:
         importlib.import_module(module)
     if zygote.start_zygote():
         return
     ctx = _context()
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *factory_modules])))
+        ctx.set_forkserver_preload(modules)
         multiprocessing.forkserver.ensure_running()
 
 

@@ -30,17 +30,21 @@ not this process's.
 from __future__ import annotations
 
 import gc
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import pickle
+import select
 import selectors
 import signal
 import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 import warnings
-from multiprocessing import reduction
+from multiprocessing import reduction, resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
@@ -152,8 +156,6 @@ def start_zygote() -> bool:
 def _inherited_fds_to_keep() -> set[int]:
     """Descriptors the zygote and its workers keep: stdout, stderr, and multiprocessing's
     resource tracker (a worker's own groups register with it)."""
-    from multiprocessing import resource_tracker
-
     keep = {1, 2}
     fd = getattr(resource_tracker._resource_tracker, "_fd", None)
     if fd is not None:
@@ -187,8 +189,6 @@ def _probe() -> bool:
             code = 0
         finally:
             os._exit(code)
-    import time
-
     deadline = time.monotonic() + PROBE_TIMEOUT_S
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -263,19 +263,14 @@ def _reap(children: dict[int, int]) -> None:
 
 
 def _worker_main(conn_fd: int, payload: bytes) -> None:
-    """A worker forked by the zygote: ``target(conn, *args)``, then exit (1 if it raised)."""
-    global _zygote
-    _zygote = None
+    """A worker forked by the zygote: ``target(conn, *args)``, then exit (1 if it raised). It
+    has no zygote of its own (:func:`running` checks the owner's pid)."""
     for sig in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
-    import multiprocessing.forkserver
-
     multiprocessing.forkserver._forkserver = multiprocessing.forkserver.ForkServer()  # the trainer's is not this one's
     code = 0
     try:
         target, args, name = pickle.loads(payload)
-        import multiprocessing
-
         multiprocessing.current_process().name = name
         target(Connection(conn_fd), *args)
     except SystemExit as err:
@@ -342,8 +337,6 @@ class ZygoteProcess:
     def _read_number(self, timeout_s: float | None) -> int | None:
         """The next number on the status pipe within ``timeout_s``; None without one, or when
         the zygote closed the pipe without it (it ended)."""
-        import select
-
         ready, _, _ = select.select([self._status], [], [], timeout_s)
         if not ready:
             return None
@@ -360,8 +353,6 @@ class ZygoteProcess:
         """Wait ``timeout`` seconds at most (None: for ever) for the worker to end. Where the
         zygote ended first, nobody reports the exit code: the worker is polled by its pid and
         counted as killed."""
-        import time
-
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             if self.exitcode is not None or self.pid is None:

@@ -489,7 +489,8 @@ class ResilienceConfig:
     max_restarts: int = 5
     """Restarts before the supervisor gives up."""
     backoff_s: float = 1.0
-    """First restart delay; doubles per consecutive failure (capped at 30 s)."""
+    """Delay before the second of consecutive restarts without progress, doubled for each further
+    one (capped at 30 s); the first restart, and the first after the run got further, starts at once."""
     hang_timeout_s: float = 300.0
     """A stage that runs longer than this is a hang: stacks dumped, process restarted; 0: off."""
     snapshot_every: int = 1

@@ -71,6 +71,7 @@ from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.guards import read_hang_dump
 from reasonrl.resilience.rundir import (ATTEMPT_ENV, LOCK_FILE, SNAPSHOT_ENV, STANDBY_ENV, RunLock, check_run_dir,
                                         new_snapshot_dir)
+from reasonrl.restarts import backoff_pause
 
 HANG_DUMP = "hang_dump.txt"
 """The stack dump the child's faulthandler watchdog writes before it exits."""
@@ -92,7 +93,8 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 class RestartPolicy:
     """When and how often to restart a failed trainer.
 
-    The k-th consecutive restart waits ``min(backoff_s * 2**k, backoff_max_s)``; a child
+    The first of consecutive restarts starts at once, the k-th (k >= 1, counted from 0) waits
+    ``min(backoff_s * 2**(k-1), backoff_max_s)`` (:func:`reasonrl.restarts.backoff_pause`); a child
     that ran at least ``reset_after_s`` before failing, or failed after a later step than any
     failure before it (the run got further: no crash loop), resets k to 0. While the child runs,
     a heartbeat file older than ``heartbeat_timeout_s`` gets it killed as hung.
@@ -112,8 +114,9 @@ class RestartPolicy:
             raise ValueError(f"RestartPolicy.heartbeat_timeout_s: got {self.heartbeat_timeout_s}, expected > 0")
 
     def backoff(self, k: int) -> float:
-        """Seconds to wait before the restart with backoff exponent ``k``."""
-        return min(self.backoff_s * 2**k, self.backoff_max_s)
+        """Seconds to wait before the restart with backoff exponent ``k`` (0 for the first of
+        consecutive restarts)."""
+        return backoff_pause(k + 1, self.backoff_s, self.backoff_max_s)
 
 
 @dataclass

@@ -134,7 +134,7 @@ def test_crash_then_success_restarts_once_and_logs_recovery(tmp_path):
     crash, recovered = events[2], events[5]
     assert crash["step"] == 3 and crash["returncode"] == 1 and crash["attempt"] == 1
     assert "RuntimeError: boom at step 3" in crash["stderr_tail"]
-    assert 0 <= crash["detect_s"] < 1.0 and crash["backoff_s"] == 0.01
+    assert 0 <= crash["detect_s"] < 1.0 and crash["backoff_s"] == 0.0  # the first restart after progress does not wait
     assert recovered["step"] == 3 and recovered["from_step"] == 2 and recovered["steps_lost"] == 1
     assert 0 < recovered["recover_s"] < 10
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -176,7 +176,7 @@ def test_gives_up_after_max_restarts(tmp_path, capfd):
     result, _, events = run_child(tmp_path, "always", policy, fail_at=1)
     assert result.returncode == 1 and result.restarts == 2
     assert [i["kind"] for i in result.incidents] == ["crash"] * 3
-    assert [i["backoff_s"] for i in result.incidents] == [0.01, 0.02, None]
+    assert [i["backoff_s"] for i in result.incidents] == [0.0, 0.01, None]
     assert kinds(events)[-1] == "gave_up"
     message = events[-1]["message"]
     assert "gave up after 2 restarts" in message and "boom at step 1" in message
@@ -237,7 +237,7 @@ def test_a_recovery_starts_the_backoff_over(tmp_path):
     assert (result.returncode, result.restarts) == (0, 2)
     assert kinds(events) == ["start", "resume", "crash", "start", "resume", "recovered", "crash", "start", "resume",
                              "recovered", "done"]
-    assert [i["backoff_s"] for i in result.incidents] == [0.01, 0.01]  # not 0.02: the run recovered in between
+    assert [i["backoff_s"] for i in result.incidents] == [0.0, 0.0]  # not 0.01: the run recovered in between
 
 
 def _alive(pid: int) -> bool:
@@ -262,9 +262,9 @@ def test_a_restart_gives_the_standby_the_go_and_no_standby_outlives_the_supervis
     assert not any(_alive(pid) for pid in pids)
 
 
-def test_backoff_doubles_up_to_the_cap():
+def test_backoff_is_none_then_doubles_up_to_the_cap():
     policy = RestartPolicy(backoff_s=1.0, backoff_max_s=5.0)
-    assert [policy.backoff(k) for k in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert [policy.backoff(k) for k in range(6)] == [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
     with pytest.raises(ValueError, match="max_restarts"):
         RestartPolicy(max_restarts=-1)
 

@@ -19,10 +19,17 @@
     the newest ``checkpoint`` before it to that invocation's ``gave_up``, ``stopped`` or ``fatal``.
   - A rollback: the wasted steps' time plus the restore (``recover_s``).
   - A skipped non-finite step: its time.
-  - A rollout worker lost within a step (``rollout_worker_died``, ``rollout_worker_hung``): its
-    ``seconds_lost`` (how long its unfinished groups had run before they moved to other
-    workers), taken out of that step's productive time. Its replacement starts beside the
-    generation (``rollout_worker_joined``) and costs the step nothing.
+  - A rollout worker lost within a step (``rollout_worker_died``, ``rollout_worker_hung``): the
+    share of the fleet's generation it cost,
+
+        seconds_lost / workers
+
+    (``seconds_lost``: how long its unfinished groups had run before they moved to other
+    workers; ``workers``: the fleet's size then), taken out of that step's productive time.
+    One of ``workers`` workers' output over ``seconds_lost`` is generated again, which the
+    fleet's output pays as that many seconds of all of it: a single worker's loss is its whole
+    ``seconds_lost``, one of 64's a 64th. Its replacement starts beside the generation
+    (``rollout_worker_joined``) and costs the step nothing.
 - Neither: loading, validation and checkpoints outside an incident, and the time between two
   invocations of a run (a stopped run resumed later loses nothing).
 
@@ -64,7 +71,7 @@ ENDS = frozenset({"done", "stopped", "gave_up", "fatal"})
 
 WORKER_REPLACED = frozenset({"rollout_worker_died", "rollout_worker_hung"})
 """A rollout worker lost within a step: its ``seconds_lost`` (the time its unfinished groups
-had run, which other workers generate again) count as lost time."""
+had run, which other workers generate again) over the fleet's ``workers`` count as lost time."""
 
 
 def effective_time(events: list[dict[str, Any]], step_s: dict[int, float]) -> dict[str, Any]:
@@ -78,7 +85,7 @@ def effective_time(events: list[dict[str, Any]], step_s: dict[int, float]) -> di
     for event in events:
         kind = event["kind"]
         if kind in WORKER_REPLACED:  # inside a step's time: lost, not productive
-            in_steps += event.get("seconds_lost", 0.0)
+            in_steps += event.get("seconds_lost", 0.0) / max(1, event.get("workers", 1))
         elif kind == "nonfinite" and event.get("action") == "skip":
             wasted.add(event["step"])
         elif kind == "rollback":

@@ -31,7 +31,7 @@ that a second call raises on is not a worker's fault: that error ends the call. 
 is replaced in the background under the :class:`~reasonrl.restarts.RestartPolicy` (restarts
 in a row, back-off); its replacement loads the current (and staged) weights before it serves.
 Events: ``rollout_worker_died`` / ``rollout_worker_hung`` (index, pid, groups moved, seconds
-lost: the time its unfinished task had run), ``rollout_worker_quarantined`` (why),
+lost: the time its unfinished task had run, and ``workers``: the fleet's size then), ``rollout_worker_quarantined`` (why),
 ``rollout_worker_joined`` (the new pid, the version it serves, seconds from the failure),
 ``rollout_worker_gone`` (out of restarts: the others serve on; with none left the fleet
 raises :class:`FleetError`). Per-worker counts (groups, tokens, busy seconds) accumulate
@@ -392,11 +392,13 @@ class RolloutFleet:
             if slot.state != "live" or self.group.pids[task.worker] != task.pid:
                 return
             slot.state = "joining"
+            workers = len(self._slots)
         if hung:
             error = TimeoutError(f"rollout[{task.worker}]: no answer within {self.timeout_s:g} s "
                                  f"(runtime.roles.rollout.timeout_s)")
         self.emit("rollout_worker_hung" if hung else "rollout_worker_died", worker=task.worker, pid=task.pid,
-                  groups_moved=moved, seconds_lost=time.perf_counter() - task.started, error=str(error)[:300])
+                  groups_moved=moved, seconds_lost=time.perf_counter() - task.started, workers=workers,
+                  error=str(error)[:300])
         self._replace(task.worker, task.pid)
 
     def _quarantine(self, worker: int, reason: str, **fields: Any) -> None:

@@ -115,6 +115,14 @@ def test_a_replaced_rollout_worker_loses_its_seconds_inside_the_step():
     assert out["incidents"] == {"rollout_worker_died": 1, "rollout_worker_hung": 1}  # rollout_started is no incident
 
 
+def test_a_worker_lost_from_a_fleet_costs_its_share_of_the_fleet():
+    events = [ev(0.0, "start", 0), ev(3.0, "rollout_worker_died", 2, worker=1, pid=7, seconds_lost=4.0, workers=4),
+              ev(5.0, "rollout_worker_hung", 3, worker=0, pid=8, seconds_lost=1.5, workers=1)]
+    out = effective_time(events, {1: 2.0, 2: 2.0, 3: 4.0})
+    # lost 4 / 4 + 1.5 / 1 = 2.5, productive 8 - 2.5 = 5.5: 5.5 / 8
+    assert out["lost_s"] == 2.5 and out["productive_s"] == 5.5 and out["ettr"] == 5.5 / 8
+
+
 def test_incidents_are_the_failures_only():
     events = [ev(0.0, "start", 0, resumed=False), ev(0.1, "resume", 0, from_step=0), ev(0.5, "rollout_started", 0, pids=[7]),
               ev(1.0, "rollout_scaled", 1, workers=2), ev(1.1, "rollout_worker_joined", 1, worker=1),

@@ -110,7 +110,7 @@ def test_a_dead_worker_is_replaced_and_its_groups_are_generated_again(tmp_path):
         assert torch.equal(batch.response_ids, reference.response_ids) and bool((batch.versions[batch.response_mask > 0] == 3).all())
         kind, fields = events[0]
         assert kind == "rollout_worker_died" and fields["worker"] == 1 and fields["pid"] == pids[1]
-        assert fields["groups_moved"] == 3 and fields["seconds_lost"] >= 0
+        assert fields["groups_moved"] == 3 and fields["seconds_lost"] >= 0 and fields["workers"] == 2
         [join] = joined(events, 1)  # the replacement starts beside the generation, with the current weights
         assert join["worker"] == 1 and join["replaced"] == pids[1] and join["pid"] == group.pids[1] != pids[1]
         assert join["version"] == 3 and f.live() == [0, 1]

@@ -19,10 +19,12 @@ reasonrl's estimate (``reasonrl.memory.estimate_memory``), the step's wall time 
     python bench/memory.py                       # all four configurations
     python bench/memory.py --configs bf16-mixed:0,bf16-mixed:1 --micro-batch-tokens 1024
     python bench/memory.py --configs fp32:0 --lora-ranks 0,16   # full fine-tuning against LoRA rank 16
+    python bench/memory.py --configs bf16-mixed:0 --lm-head-chunks 8192,0  # the chunked LM head against full logits
 
 ``--lora-ranks``: each configuration once per rank (0: full fine-tuning; above 0: LoRA adapters of
 that rank on the attention and MLP projections, ``model.lora.rank``), the ranks interleaved
-within each configuration.
+within each configuration. ``--lm-head-chunks`` likewise per ``train.lm_head_chunk`` (default
+8192, the config's default; 0: the full ``[tokens, 151,936]`` logits).
 """
 
 from __future__ import annotations
@@ -75,9 +77,10 @@ def build_model_dir(out: Path) -> Path:
     return out
 
 
-def overrides(model_dir: Path, run_dir: Path, precision: str, checkpointing: bool, rank: int, args) -> list[str]:
+def overrides(model_dir: Path, run_dir: Path, precision: str, checkpointing: bool, rank: int, chunk: int, args) -> list[str]:
     return [
         f"model.lora.rank={rank}",
+        f"train.lm_head_chunk={chunk}",
         f"model.path={model_dir}",
         f"run.dir={run_dir}",
         "run.progress=false",
@@ -121,6 +124,7 @@ def worker(spec: dict) -> dict:
         "precision": cfg.train.precision,
         "grad_checkpointing": cfg.train.grad_checkpointing,
         "lora_rank": cfg.model.lora.rank,
+        "lm_head_chunk": cfg.train.lm_head_chunk,
         "trained_parameters": sum(p.numel() for p in trainer.rank0.module.parameters() if p.requires_grad),
         "step_peak_gb": round(m["perf/max_memory_gb"], 2),
         "process_peak_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, 2),
@@ -144,6 +148,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--micro-batch-tokens", type=int, default=2048)
     ap.add_argument("--lora-ranks", default="0", help="comma-separated LoRA ranks run for each configuration (0: off)")
+    ap.add_argument("--lm-head-chunks", default="8192",
+                    help="comma-separated train.lm_head_chunk values run for each configuration (0: the full logits)")
     ap.add_argument("--steps", type=int, default=2, help="steps per configuration; the last one is reported")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "reasonrl-qwen25-05b-shape"))
@@ -157,18 +163,19 @@ def main() -> None:
     model_dir = build_model_dir(Path(args.model_dir))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [(item, int(rank)) for item in args.configs.split(",") for rank in args.lora_ranks.split(",")]
-        for i, (item, rank) in enumerate(runs):
+        runs = [(item, int(rank), int(chunk)) for item in args.configs.split(",") for rank in args.lora_ranks.split(",")
+                for chunk in args.lm_head_chunks.split(",")]
+        for i, (item, rank, chunk) in enumerate(runs):
             precision, _, ckpt = item.partition(":")
-            spec = {"overrides": overrides(model_dir, Path(tmp) / f"run{i}", precision, ckpt == "1", rank, args),
+            spec = {"overrides": overrides(model_dir, Path(tmp) / f"run{i}", precision, ckpt == "1", rank, chunk, args),
                     "model_dir": str(model_dir), "prompt_len": 8, "steps": args.steps, "rows": args.prompts * args.n}
-            log(f"[memory] {precision} checkpointing={ckpt == '1'} lora_rank={rank}")
+            log(f"[memory] {precision} checkpointing={ckpt == '1'} lora_rank={rank} lm_head_chunk={chunk}")
             out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
                                  timeout=3600)
             if out.returncode != 0:
                 log(out.stderr[-3000:])
                 results.append({"precision": precision, "grad_checkpointing": ckpt == "1", "lora_rank": rank,
-                                "error": out.stderr.strip().splitlines()[-1:]})
+                                "lm_head_chunk": chunk, "error": out.stderr.strip().splitlines()[-1:]})
                 continue
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
             log(json.dumps(results[-1]))

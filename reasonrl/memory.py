@@ -19,9 +19,12 @@ training process and its rollout side hold at their peak:
                 the longest prompt + max_new_tokens; at most a mini-batch's): t x layers x a
                 (a below; t x layers x d x 4 with train.grad_checkpointing, plus one layer's a
                 recomputed), and the LM head's
-                r x V x (b_c + 18) over the micro-batch's response tokens r (its rows x
+                r x V' x (b_c + 18) over the micro-batch's response tokens r (its rows x
                 max_new_tokens): the logits, their fp32 copy, the log-softmax and the entropy's
-                probabilities kept for backward, and a gradient of that size
+                probabilities kept for backward, and a gradient of that size, where V' is the
+                vocabulary V, or train.lm_head_chunk where that is narrower and the lean decoder
+                scores the model (the chunked head, reasonrl/models/lm_head.py: one chunk's
+                logits and their gradient at a time)
     runtime     the interpreter and torch's libraries, 0.6 GB on a CPU
     kernels     bf16 products on a CPU run through oneDNN, which keeps a compiled kernel per matrix
                 shape it met (up to 1024 of them; about 0.7 MB each here): 0.85 GB per process,
@@ -60,6 +63,7 @@ from reasonrl.config import Config
 from reasonrl.config.capabilities import can
 from reasonrl.config.rules import rollout_shares_policy
 from reasonrl.errors import LimitError
+from reasonrl.models import LEAN_MODEL_TYPES
 
 GB = 1024**3
 RUNTIME_BYTES = int(0.6 * GB)
@@ -88,6 +92,9 @@ class ModelShape:
     """A bias on the output projection (Llama's attention_bias)."""
     qk_norm: bool = False
     """Per-head q and k RMSNorm weights (Qwen3)."""
+    lean: bool = True
+    """The lean decoder scores it (its family is one of :data:`~reasonrl.models.LEAN_MODEL_TYPES`), so
+    its LM head runs in chunks (train.lm_head_chunk); otherwise ``transformers`` makes the full logits."""
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelShape":
@@ -106,6 +113,7 @@ class ModelShape:
             qkv_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias", False)),
             o_bias=config.get("model_type") != "qwen2" and bool(config.get("attention_bias", False)),
             qk_norm=config.get("model_type") == "qwen3",
+            lean=config.get("model_type") in LEAN_MODEL_TYPES,
         )
 
     @classmethod
@@ -190,7 +198,8 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
         activations = tokens * shape.layers * shape.hidden * 4 + tokens * per_layer
     else:
         activations = tokens * shape.layers * per_layer
-    head = max(tokens // context, 1) * response * shape.vocab * (b_c + 18)
+    head_width = min(shape.vocab, t.lm_head_chunk) if t.lm_head_chunk > 0 and shape.lean else shape.vocab
+    head = max(tokens // context, 1) * response * head_width * (b_c + 18)
     kernels = KERNEL_CACHE_BYTES if b_c == 2 and not cfg.run.device.startswith("cuda") else 0
     trainer_peak = weights + training + adapters + compute + RUNTIME_BYTES + kernels
     if workers:  # processes of their own: weights, their compute copy, a share of the cache, the runtime

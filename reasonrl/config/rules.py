@@ -291,6 +291,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.mini_batch_size": _AT_LEAST_1,
     "train.micro_batch_size": _AT_LEAST_1,
     "train.micro_batch_tokens": _NON_NEGATIVE,
+    "train.lm_head_chunk": _NON_NEGATIVE,
     "train.lr": _POSITIVE,
     "train.warmup_steps": _NON_NEGATIVE,
     "train.weight_decay": _NON_NEGATIVE,

@@ -381,6 +381,12 @@ class TrainConfig:
     response) and cut so that rows x longest row stays within it (a longer row goes alone),
     which drops most of the padding when lengths vary (verl's use_dynamic_bsz). The gradient
     is the same as with fixed micro-batches; 0: fixed micro-batches of micro_batch_size."""
+    lm_head_chunk: int = 8192
+    """Vocabulary columns per chunk of the LM head when log-probs and entropy are computed from
+    the lean decoder's hidden states: a vocabulary wider than this never has its full
+    [tokens, vocab] logits in memory (an online log-sum-exp over chunks, each chunk's logits
+    computed again in backward: one more pass of the head's product). A vocabulary within it
+    takes the full logits; 0: always the full logits."""
     skip_zero_advantage: bool = True
     """Skip the forward/backward of rows whose advantages are all zero (e.g. GRPO groups with
     equal rewards): their gradient is exactly zero, so the update is unchanged. Applies only

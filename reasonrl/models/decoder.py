@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from reasonrl.models import LEAN_MODEL_TYPES
 from reasonrl.models.lora import lora_layers, lora_weight
 
 # Attention kernels for prefill and scoring, whose sequence lengths change every batch:
@@ -59,8 +60,6 @@ from reasonrl.models.lora import lora_layers, lora_weight
 # for each new shape: scoring 128 responses of a 0.5B model in bf16 on an H200 took
 # 0.22-0.92 s with it and 0.08-0.14 s without (bench notes in docs/benchmarks.md).
 ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 FUSED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The projections :meth:`LeanDecoder.fuse` reads: a LoRA adapter may sit on any of them."""
@@ -70,8 +69,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why :class:`LeanDecoder` cannot run ``model`` (a config key and its value), or None."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return f"config.model_type = {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if model_type not in LEAN_MODEL_TYPES:
+        return f"config.model_type = {model_type!r} (supported: {', '.join(LEAN_MODEL_TYPES)})"
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
         return f"config.layer_types = {sorted(layer_types)} (full attention only)"

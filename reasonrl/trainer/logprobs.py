@@ -7,7 +7,8 @@ sampling log-probs for the same weights.
 Two forward paths compute the same function: models that :class:`~reasonrl.models.decoder.LeanDecoder`
 supports (Llama, Qwen2, Qwen3) encode each distinct prompt of a micro-batch once (the
 ``n`` samples of a prompt share it) and run the LM head only where a response token is
-predicted; any other causal LM, and a LoRA model in a training forward with adapter dropout
+predicted, over chunks of ``head_chunk`` vocabulary columns where the vocabulary is wider
+(``train.lm_head_chunk``, :mod:`reasonrl.models.lm_head`: no full logits); any other causal LM, and a LoRA model in a training forward with adapter dropout
 (``model.lora.dropout > 0``), runs through its ``transformers`` forward on the rows trimmed to
 their own longest prompt and response.
 
@@ -24,7 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from reasonrl.algo import entropy_from_logits, token_logprobs
+from reasonrl.config import TrainConfig
 from reasonrl.models.decoder import LeanDecoder, unsupported_reason
+from reasonrl.models.lm_head import chunked_head_logprobs
 from reasonrl.models.lora import dropout_active
 from reasonrl.types import RolloutBatch
 
@@ -64,7 +67,7 @@ def response_hidden(decoder: LeanDecoder, rollout: RolloutBatch, rows: torch.Ten
 
 def response_logits(model: torch.nn.Module, rollout: RolloutBatch, rows: torch.Tensor, temperature: float) -> tuple[torch.Tensor, int]:
     """``(logits / temperature at the positions that predict each response token [b, T', V], T')``."""
-    if unsupported_reason(model) is None and not dropout_active(model):
+    if lean_scoring(model):
         decoder = LeanDecoder(model)
         hidden, T = response_hidden(decoder, rollout, rows)
         head = model.lm_head
@@ -74,10 +77,24 @@ def response_logits(model: torch.nn.Module, rollout: RolloutBatch, rows: torch.T
     return logits[:, P - 1 : P - 1 + T].float() / temperature, T
 
 
+def lean_scoring(model: torch.nn.Module) -> bool:
+    """Whether ``model`` scores through the lean decoder (the module docstring's first path)."""
+    return unsupported_reason(model) is None and not dropout_active(model)
+
+
 def policy_logprobs(
-    model: torch.nn.Module, rollout: RolloutBatch, rows: torch.Tensor, temperature: float, with_entropy: bool
+    model: torch.nn.Module, rollout: RolloutBatch, rows: torch.Tensor, temperature: float, with_entropy: bool,
+    head_chunk: int = TrainConfig.lm_head_chunk,
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """``(logprobs [b, T'], entropy [b, T'] or None, T')`` for ``rows``, with gradients."""
+    """``(logprobs [b, T'], entropy [b, T'] or None, T')`` for ``rows``, with gradients; through
+    the chunked head where the lean decoder scores and the vocabulary is wider than
+    ``head_chunk`` (> 0)."""
+    head = getattr(model, "lm_head", None)
+    if 0 < head_chunk < getattr(head, "out_features", 0) and lean_scoring(model):
+        hidden, T = response_hidden(LeanDecoder(model), rollout, rows)
+        logprobs, entropy = chunked_head_logprobs(hidden, head.weight, head.bias, rollout.response_ids[rows][:, :T],
+                                                  temperature, head_chunk, with_entropy)
+        return logprobs, entropy, T
     logits, T = response_logits(model, rollout, rows, temperature)
     logprobs = token_logprobs(logits, rollout.response_ids[rows][:, :T])
     return logprobs, entropy_from_logits(logits) if with_entropy else None, T
@@ -142,12 +159,13 @@ def compute_logprobs(
     micro_batch_size: int,
     micro_batch_tokens: int = 0,
     rows: torch.Tensor | None = None,
+    head_chunk: int = TrainConfig.lm_head_chunk,
 ) -> torch.Tensor:
     """Log-probs [B, T] of every response token (0 on padding; only ``rows`` when given), in
-    micro-batches, without gradients."""
+    micro-batches, without gradients (``head_chunk``: :func:`policy_logprobs`)."""
 
     def score(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
-        logprobs, _, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=False)
+        logprobs, _, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=False, head_chunk=head_chunk)
         return logprobs, T
 
     return per_token_scores(model, rollout, score, micro_batch_size, micro_batch_tokens, rows)

@@ -151,7 +151,8 @@ def own_logprobs(
         with torch.no_grad():
             micros = micro_batches(rows, lengths, train.micro_batch_size, train.micro_batch_tokens)
             for micro, real in dp.passes(micros, filler=torch.zeros(1, dtype=torch.long, device=out.device)):
-                logprobs, _, T = policy_logprobs(model, rollout, micro, temperature, with_entropy=False)
+                logprobs, _, T = policy_logprobs(model, rollout, micro, temperature, with_entropy=False,
+                                                 head_chunk=train.lm_head_chunk)
                 if real:
                     out[micro, :T] = logprobs
     finally:
@@ -217,7 +218,8 @@ def update_policy(
         if dp is None:
             rest = torch.cat(runs[1:] + [runs[0][:0]])
             if rest.numel():
-                scored = compute_logprobs(model, rollout, temperature, train.micro_batch_size, train.micro_batch_tokens, rest)
+                scored = compute_logprobs(model, rollout, temperature, train.micro_batch_size, train.micro_batch_tokens, rest,
+                                          head_chunk=train.lm_head_chunk)
                 anchor[rest] = scored[rest]
         else:
             rest = torch.cat([dp.own(run, lengths) for run in runs[1:]] + [runs[0][:0]])
@@ -228,7 +230,8 @@ def update_policy(
         known[rest] = True
 
     def micro_loss(rows: torch.Tensor, total: float) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        logprobs, entropy, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=True)
+        logprobs, entropy, T = policy_logprobs(model, rollout, rows, temperature, with_entropy=True,
+                                               head_chunk=train.lm_head_chunk)
         mask = batch.loss_mask[rows, :T]
         if known is not None and not bool(known[rows].all()):  # first seen before any optimizer step
             anchor[rows, :T] = logprobs.detach() * rollout.action_mask[rows, :T]

@@ -64,7 +64,8 @@ class PolicyWorker:
         t, temperature = self.cfg.train, self.cfg.rollout.temperature
         with compute_context(t.precision, self.cfg.run.device):
             if self.dp is None:
-                return compute_logprobs(self.module, rollout, temperature, t.micro_batch_size, t.micro_batch_tokens)
+                return compute_logprobs(self.module, rollout, temperature, t.micro_batch_size, t.micro_batch_tokens,
+                                        head_chunk=t.lm_head_chunk)
             rows = self.dp.own(torch.arange(rollout.size, device=rollout.response_mask.device), sequence_lengths(rollout))
             return self.dp.all_reduce(own_logprobs(self.compute_module(), rollout, temperature, t, rows, self.dp), "logprobs")
 

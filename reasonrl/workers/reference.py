@@ -31,7 +31,8 @@ class ReferenceWorker:
         """[B, T] log-probs of the response tokens under the reference (0 on padding)."""
         t = self.cfg.train
         with compute_context(t.precision, self.cfg.run.device):
-            return compute_logprobs(self.module, rollout, self.cfg.rollout.temperature, t.micro_batch_size, t.micro_batch_tokens)
+            return compute_logprobs(self.module, rollout, self.cfg.rollout.temperature, t.micro_batch_size, t.micro_batch_tokens,
+                                    head_chunk=t.lm_head_chunk)
 
     def state_dict(self) -> dict:
         return {}

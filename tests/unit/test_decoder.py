@@ -228,3 +228,24 @@ def test_lora_outside_the_fused_projections_or_with_dropout_takes_the_transforme
     model.eval()  # without dropout the same call takes the fused path again
     c, _, _ = policy_logprobs(model, rollout, rows, 1.0, with_entropy=False)
     torch.testing.assert_close(c.detach() * mask, first[:, :T], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_chunked_head_scores_as_the_full_logits_with_the_same_gradients(family):
+    """train.lm_head_chunk narrower than the vocabulary (32): log-probs, entropy and every
+    parameter's gradient (tied embeddings included) as with the full logits."""
+    rollout, rows = grouped_rollout(), torch.arange(8)
+    grads, outs = [], []
+    for chunk in (0, 7):
+        model = build(family)
+        logprobs, entropy, T = policy_logprobs(model, rollout, rows, 0.7, with_entropy=True, head_chunk=chunk)
+        mask = rollout.response_mask[:, :T]
+        ((logprobs * mask).sum() + 0.1 * (entropy * mask).sum()).backward()
+        outs.append((logprobs * mask, entropy * mask))
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert grads[1].keys() == grads[0].keys()
+    for name, g in grads[0].items():
+        # float sums in another order: 1e-5 of the gradient's scale (tied embeddings reach 20)
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-5 * float(g.abs().max()), msg=name)
+    assert compute_logprobs(build(family), rollout, 0.7, 8, head_chunk=7).shape == rollout.response_mask.shape

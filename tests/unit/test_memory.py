@@ -48,6 +48,11 @@ def test_estimate_parts_by_hand():
     assert mixed.parts["bf16 copies"] == 2 * N and mixed.parts["weights"] == 4 * N
     assert e.parts["kernel cache"] == 0 and mixed.parts["kernel cache"] == int(0.85 * GB)  # oneDNN's, on a CPU
     assert mixed.parts["activations"] < e.parts["activations"]
+    chunked = with_train(lm_head_chunk=100)  # one chunk of 100 of the 1000 columns at a time
+    assert chunked.parts["LM head"] == 8 * 32 * 100 * 22 and with_train(lm_head_chunk=0).parts["LM head"] == e.parts["LM head"]
+    generic = dataclasses.replace(SHAPE, lean=False)  # transformers scores it: the full logits whatever the chunk
+    assert estimate_memory(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lm_head_chunk=100)), generic,
+                           16).parts["LM head"] == e.parts["LM head"]
     ckpt = with_train(grad_checkpointing=True)
     assert ckpt.parts["activations"] == 8 * context * (2 * 64 * 4 + a) < e.parts["activations"]
     kl = estimate_memory(dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, kl_loss_coef=0.1)), SHAPE, 16)

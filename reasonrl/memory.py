@@ -12,6 +12,9 @@ training process and its rollout side hold at their peak:
                 backend loads adapters), and the merged projections W + (alpha / r) B A the lean
                 decoder builds for a forward, P x b_p (P: the adapted projections' parameters)
     compute     bf16 copies of the weights, N x 2, while a forward runs (train.precision=bf16-mixed)
+    weight sync the bf16 version last shipped to rollout workers with weights of their own, N x 2,
+                kept to encode the next one against (where versions ship in bf16: bf16-mixed or
+                model.dtype=bfloat16; reasonrl/rollout/weight_sync.py)
     generation  the key/value cache, rows x (prompt + response) x layers x 2 Hkv D x b_c (the
                 response: rollout.max_new_tokens, or a whole trajectory's env.max_tokens),
                 and the step's logits, rows x V x 4 x 3
@@ -61,7 +64,7 @@ from pathlib import Path
 
 from reasonrl.config import Config
 from reasonrl.config.capabilities import can
-from reasonrl.config.rules import rollout_shares_policy
+from reasonrl.config.rules import rollout_shares_policy, ships_bf16_versions
 from reasonrl.errors import LimitError
 from reasonrl.models import LEAN_MODEL_TYPES
 
@@ -187,6 +190,7 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
     adapters = (A + P) * b_p
     worker_adapters = A * b_p if can(cfg.rollout.backend, "adapters") else 0  # a rollout worker's own LoRA layers
     compute = 2 * N if mixed else 0
+    sync = 2 * N if workers and ships_bf16_versions(cfg) else 0  # the sender's copy of the last version
     gen_prompts = t.gen_prompts_per_step or math.ceil(t.prompts_per_step * (a.oversample if a.dynamic_sampling else 1))
     rows = gen_prompts * r.n
     kv = rows * context * shape.layers * 2 * shape.kv_heads * shape.head_dim * b_c
@@ -201,7 +205,7 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
     head_width = min(shape.vocab, t.lm_head_chunk) if t.lm_head_chunk > 0 and shape.lean else shape.vocab
     head = max(tokens // context, 1) * response * head_width * (b_c + 18)
     kernels = KERNEL_CACHE_BYTES if b_c == 2 and not cfg.run.device.startswith("cuda") else 0
-    trainer_peak = weights + training + adapters + compute + RUNTIME_BYTES + kernels
+    trainer_peak = weights + training + adapters + compute + sync + RUNTIME_BYTES + kernels
     if workers:  # processes of their own: weights, their compute copy, a share of the cache, the runtime
         generation = math.ceil(generation / workers)  # the dispatch splits each generation batch
         rollout = workers * (N * b_p + worker_adapters + compute + generation + RUNTIME_BYTES + kernels)
@@ -211,6 +215,7 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
         peak = trainer_peak + max(activations + head, generation)
     parts = {
         "weights": weights, "gradients+AdamW": training, "LoRA adapters+merged": adapters, "bf16 copies": compute,
+        "weight sync": sync,
         "generation": generation,
         "activations": activations, "LM head": head, "rollout workers": rollout - workers * generation if rollout else 0,
         "runtime": RUNTIME_BYTES, "kernel cache": kernels,

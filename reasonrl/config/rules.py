@@ -78,6 +78,13 @@ def validate(cfg: Config) -> None:
 _ROLE_NAMES = ("policy", "reference", "critic", "rollout", "reward", "env")
 
 
+def ships_bf16_versions(cfg: Config) -> bool:
+    """Whether rollout weights ship as exact bf16 versions, as deltas against the last one
+    (reasonrl/rollout/weight_sync.py): the rollout side samples with bf16 weights
+    (``model.dtype=bfloat16``, or ``train.precision=bf16-mixed``)."""
+    return cfg.model.dtype == "bfloat16" or cfg.train.precision == "bf16-mixed"
+
+
 def rollout_shares_policy(cfg: Config) -> bool:
     """Whether the rollout workers sample from the policy's own module (threads of the
     controller's process): ``runtime.roles.rollout.colocate=policy``, or ``auto`` with

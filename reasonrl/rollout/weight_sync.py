@@ -43,6 +43,7 @@ from typing import Hashable
 import torch
 
 from reasonrl.config import Config
+from reasonrl.config.rules import ships_bf16_versions
 from reasonrl.types import WeightsDelta, WeightsUpdate
 
 BLOCK = 1 << 16
@@ -61,9 +62,7 @@ def sync_dtype(cfg: Config) -> torch.dtype | None:
     """The dtype the rollout weights ship in: bf16 when the rollout side samples with bf16
     weights (``model.dtype=bfloat16``, or ``train.precision=bf16-mixed``), so versions ship as
     deltas; None otherwise (the trainer's tensors, whole)."""
-    if cfg.model.dtype == "bfloat16" or cfg.train.precision == "bf16-mixed":
-        return torch.bfloat16
-    return None
+    return torch.bfloat16 if ships_bf16_versions(cfg) else None
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -64,6 +64,10 @@ def test_estimate_parts_by_hand():
     half = math.ceil(e.parts["generation"] / 2)
     assert own.parts["generation"] == half and own.parts["rollout workers"] == 2 * (4 * N + e.parts["runtime"])
     assert own.peak == fixed + e.parts["activations"] + e.parts["LM head"] + 2 * (4 * N + half + e.parts["runtime"])
+    assert e.parts["weight sync"] == own.parts["weight sync"] == mixed.parts["weight sync"] == 0  # fp32 ships whole
+    own_mixed = estimate_memory(dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, roles=roles),
+                                                    train=dataclasses.replace(cfg.train, precision="bf16-mixed")), SHAPE, 16)
+    assert own_mixed.parts["weight sync"] == 2 * N  # the bf16 version last shipped, the next delta's base
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])

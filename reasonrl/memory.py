@@ -27,7 +27,9 @@ training process and its rollout side hold at their peak:
                 probabilities kept for backward, and a gradient of that size, where V' is the
                 vocabulary V, or train.lm_head_chunk where that is narrower and the lean decoder
                 scores the model (the chunked head, reasonrl/models/lm_head.py: one chunk's
-                logits and their gradient at a time)
+                logits and their gradient at a time); and for a fully trained policy the
+                gradients of the head's and the embedding's V x d weights, 2 V d b_p, each made
+                whole by its backward before it is added to the parameter's gradient
     runtime     the interpreter and torch's libraries, 0.6 GB on a CPU
     kernels     bf16 products on a CPU run through oneDNN, which keeps a compiled kernel per matrix
                 shape it met (up to 1024 of them; about 0.7 MB each here): 0.85 GB per process,
@@ -203,7 +205,8 @@ def estimate_memory(cfg: Config, shape: ModelShape, prompt_len: int | None = Non
     else:
         activations = tokens * shape.layers * per_layer
     head_width = min(shape.vocab, t.lm_head_chunk) if t.lm_head_chunk > 0 and shape.lean else shape.vocab
-    head = max(tokens // context, 1) * response * head_width * (b_c + 18)
+    head_grads = 2 * shape.vocab * shape.hidden * b_p if lora.rank == 0 else 0  # the head's and the embedding's
+    head = max(tokens // context, 1) * response * head_width * (b_c + 18) + head_grads
     kernels = KERNEL_CACHE_BYTES if b_c == 2 and not cfg.run.device.startswith("cuda") else 0
     trainer_peak = weights + training + adapters + compute + sync + RUNTIME_BYTES + kernels
     if workers:  # processes of their own: weights, their compute copy, a share of the cache, the runtime

@@ -37,7 +37,8 @@ def test_estimate_parts_by_hand():
     a = 2 * 64 * 4 + (2 * 64 + 64 + 128) * 4 + (8 * 16 + 64) * 4 + 2 * 6 * 16 * 4 + 3 * 128 * 4
     assert activation_bytes_per_token_layer(SHAPE, 4, 4) == a
     assert e.parts["activations"] == 8 * context * 2 * a
-    assert e.parts["LM head"] == 8 * 32 * 1000 * 22  # 8 rows x 32 response tokens
+    head_grads = 2 * 1000 * 64 * 4  # the head's and the embedding's gradients, each [V, d] in fp32
+    assert e.parts["LM head"] == 8 * 32 * 1000 * 22 + head_grads  # 8 rows x 32 response tokens
     fixed = 16 * N + e.parts["runtime"]
     assert e.peak == fixed + max(e.parts["activations"] + e.parts["LM head"], e.parts["generation"])
 
@@ -49,7 +50,7 @@ def test_estimate_parts_by_hand():
     assert e.parts["kernel cache"] == 0 and mixed.parts["kernel cache"] == int(0.85 * GB)  # oneDNN's, on a CPU
     assert mixed.parts["activations"] < e.parts["activations"]
     chunked = with_train(lm_head_chunk=100)  # one chunk of 100 of the 1000 columns at a time
-    assert chunked.parts["LM head"] == 8 * 32 * 100 * 22 and with_train(lm_head_chunk=0).parts["LM head"] == e.parts["LM head"]
+    assert chunked.parts["LM head"] == 8 * 32 * 100 * 22 + head_grads and with_train(lm_head_chunk=0).parts["LM head"] == e.parts["LM head"]
     generic = dataclasses.replace(SHAPE, lean=False)  # transformers scores it: the full logits whatever the chunk
     assert estimate_memory(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lm_head_chunk=100)), generic,
                            16).parts["LM head"] == e.parts["LM head"]
@@ -102,7 +103,8 @@ def test_a_lora_policy_counts_its_adapters_and_trains_only_them():
     assert lora.parts["LoRA adapters+merged"] == 4 * (A + P) and full.parts["LoRA adapters+merged"] == 0
     assert lora.parts["weights"] == full.parts["weights"] == 4 * N
     assert lora.parts["rollout workers"] == full.parts["rollout workers"] + 4 * A  # the worker's own adapters (fast)
-    assert lora.peak - full.peak == 12 * A - 12 * N + 4 * (A + P) + 4 * A
+    assert full.parts["LM head"] - lora.parts["LM head"] == 2 * 1000 * 64 * 4  # a frozen head and embedding: no gradients
+    assert lora.peak - full.peak == 12 * A - 12 * N + 4 * (A + P) + 4 * A - 2 * 1000 * 64 * 4
 
 
 def test_a_step_that_cannot_fit_is_an_error_naming_what_to_change():

@@ -8,9 +8,10 @@ Two forward paths compute the same function: models that :class:`~reasonrl.model
 supports (Llama, Qwen2, Qwen3) encode each distinct prompt of a micro-batch once (the
 ``n`` samples of a prompt share it) and run the LM head only where a response token is
 predicted, over chunks of ``head_chunk`` vocabulary columns where the vocabulary is wider
-(``train.lm_head_chunk``, :mod:`reasonrl.models.lm_head`: no full logits); any other causal LM, and a LoRA model in a training forward with adapter dropout
-(``model.lora.dropout > 0``), runs through its ``transformers`` forward on the rows trimmed to
-their own longest prompt and response.
+(``train.lm_head_chunk``, :mod:`reasonrl.models.lm_head`: no full logits); any other causal
+LM, and a LoRA model in a training forward with adapter dropout (``model.lora.dropout > 0``),
+runs through its ``transformers`` forward on the rows trimmed to their own longest prompt and
+response.
 
 :func:`micro_batches` splits a batch for forward/backward either into fixed-size slices or,
 with a token budget, into length-sorted slices whose padded size stays under the budget:

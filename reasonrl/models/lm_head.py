@@ -59,12 +59,12 @@ def _products_dtype(hidden: torch.Tensor) -> torch.dtype | None:
 
 def _block(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, start: int, stop: int,
            dtype: torch.dtype | None, temperature: float) -> torch.Tensor:
-    """``z`` of columns ``start:stop`` in fp32: the product in ``dtype`` (None: the operands'), as
-    autocast runs ``F.linear``, then divided by the temperature."""
+    """``z`` of columns ``start:stop`` in fp32 for ``h`` already in ``dtype``: the product in
+    ``dtype`` (None: the operands'), as autocast runs ``F.linear``, then divided by the temperature."""
     w = weight[start:stop]
     b = None if bias is None else bias[start:stop]
     if dtype is not None:
-        h, w, b = h.to(dtype), w.to(dtype), None if b is None else b.to(dtype)
+        w, b = w.to(dtype), None if b is None else b.to(dtype)
     with torch.autocast(h.device.type, enabled=False):
         return F.linear(h, w, b).float() / temperature
 
@@ -77,9 +77,10 @@ class _ChunkedHead(torch.autograd.Function):
         s = torch.zeros(N, device=hidden.device)
         u = torch.zeros(N, device=hidden.device) if with_entropy else None
         picked = torch.zeros(N, device=hidden.device)
+        h = hidden if dtype is None else hidden.to(dtype)  # cast once for every chunk's product
         for start in range(0, V, chunk):
             stop = min(start + chunk, V)
-            z = _block(hidden, weight, bias, start, stop, dtype, temperature)
+            z = _block(h, weight, bias, start, stop, dtype, temperature)
             new_m = torch.maximum(m, z.max(-1).values)
             scale = torch.exp(m - new_m)
             e = torch.exp(z - new_m[:, None])
@@ -108,10 +109,12 @@ class _ChunkedHead(torch.autograd.Function):
         entropy_grad = ctx.with_entropy and grad_entropy is not None
         for start in range(0, weight.shape[0], chunk):
             stop = min(start + chunk, weight.shape[0])
-            z = _block(hidden, weight, bias, start, stop, dtype, tau)
+            z = _block(h, weight, bias, start, stop, dtype, tau)
             p = torch.exp(z - log_z[:, None])
-            g = -p * grad_logp[:, None] if grad_logp is not None else torch.zeros_like(p)
-            if grad_logp is not None:
+            if grad_logp is None:
+                g = torch.zeros_like(p)
+            else:
+                g = -p * grad_logp[:, None]
                 rows = ((tokens >= start) & (tokens < stop)).nonzero().squeeze(-1)
                 g[rows, tokens[rows] - start] += grad_logp[rows]
             if entropy_grad:

@@ -3,6 +3,7 @@
     mean, lo, hi = t_interval([0.41, 0.45, 0.43])               # the mean over seeds, 95% t-interval
     diff, lo, hi = paired_bootstrap(cell, baseline)            # same seeds: the mean difference, 95%
     verdict(lo, hi)                                            # 'better' | 'worse' | 'no difference'
+    finding(verdict, expect)                                   # 'reproduced' | 'not reproduced' | 'inconclusive'
 
 Pure functions of lists of floats (the standard library only). Two intervals, for two jobs:
 
@@ -186,6 +187,22 @@ def verdict(lo: float | None, hi: float | None, is_baseline: bool = False) -> st
     if lo is None or hi is None:
         return "no difference"
     return "better" if lo > 0 else "worse" if hi < 0 else "no difference"
+
+
+EXPECTATIONS = ("better", "worse")
+"""The directions a sweep file's ``expect`` may state."""
+
+
+def finding(cell_verdict: str, expect: str | None) -> str | None:
+    """Whether a cell's verdict reproduces the expected direction: ``reproduced`` when the
+    verdict is ``expect``, ``not reproduced`` when it is the opposite (the interval excludes 0
+    on the other side), ``inconclusive`` when it is ``no difference``; None for the baseline
+    or without an expectation."""
+    if expect is None or cell_verdict == "baseline":
+        return None
+    if cell_verdict == expect:
+        return "reproduced"
+    return "inconclusive" if cell_verdict == "no difference" else "not reproduced"
 
 
 def first_reaching(points: Sequence[tuple[float, ...]], target: float) -> tuple[float, ...] | None:

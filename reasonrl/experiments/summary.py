@@ -15,7 +15,8 @@ and validations, not start-up, checkpoints or time lost to restarts).
 Per cell (:func:`summarize`, over the seeds whose runs finished), with
 :mod:`reasonrl.experiments.stats`: the mean of the final and of the best accuracy with their
 95% t-intervals; the mean paired difference of the final accuracy to the baseline cell over
-the seeds both finished, with its 95% paired percentile bootstrap interval, and the verdict;
+the seeds both finished, with its 95% paired percentile bootstrap interval, and the verdict
+(and, where the sweep file states an ``expect``ed direction, whether the cell reproduced it);
 how many seeds reached the target, and the mean steps, samples and seconds of those that did;
 and the mean curve with its 95% t-interval band at each validation step every seed has.
 """
@@ -98,6 +99,9 @@ class CellSummary:
     diff_hi: float | None
     diff_seeds: int
     verdict: str
+    finding: str | None
+    """Against the sweep's ``expect``: reproduced, not reproduced or inconclusive; None for the
+    baseline or without an expectation (:func:`reasonrl.experiments.stats.finding`)."""
     reached: int
     """Seeds that reached the target."""
     steps_to_target: float | None
@@ -131,8 +135,9 @@ def _cell(sweep: Sweep, cell: Cell, results: dict[tuple[str, int], RunResult], b
     def mean_of(i: int) -> float | None:
         return stats.mean([t[i] for t in reached]) if reached else None
 
+    verdict = stats.verdict(diff[1], diff[2], is_baseline)
     return CellSummary(cell.name, cell.settings, list(runs), finals, *final, *best, *diff, len(paired),
-                       stats.verdict(diff[1], diff[2], is_baseline), len(reached), mean_of(0), mean_of(1), mean_of(2),
+                       verdict, stats.finding(verdict, sweep.expect), len(reached), mean_of(0), mean_of(1), mean_of(2),
                        _curve(list(runs.values())))
 
 
@@ -174,6 +179,9 @@ def table_rows(cells: list[CellSummary], target: float | None) -> tuple[list[str
     """(header, rows) of the summary table the terminal and the report show."""
     header = ["cell", "seeds", "final val/acc [95% t]", "best val/acc [95% t]",
               "diff to baseline [95% paired bootstrap]", "verdict"]
+    expected = any(c.finding is not None for c in cells)
+    if expected:
+        header.append("finding")
     if target is not None:
         header.append(f"to val/acc {target:g}: steps / samples / h:mm:ss (seeds)")
     rows = []
@@ -183,6 +191,8 @@ def table_rows(cells: list[CellSummary], target: float | None) -> tuple[list[str
                "–" if c.verdict == "baseline" else _interval(c.diff, c.diff_lo, c.diff_hi, signed=True)
                + (f" ({c.diff_seeds} seed{'s' if c.diff_seeds != 1 else ''})" if c.diff is not None else ""),
                c.verdict if c.verdict != "no difference" or c.diff_lo is not None else "– (too few seeds)"]
+        if expected:
+            row.append(c.finding or "–")
         if target is not None:
             row.append(_to_target(c))
         rows.append(row)
@@ -199,7 +209,7 @@ def format_table(cells: list[CellSummary], target: float | None) -> str:
 
 
 CSV_FIELDS = ("cell", "seeds", "final_mean", "final_lo", "final_hi", "best_mean", "best_lo", "best_hi", "diff",
-              "diff_lo", "diff_hi", "diff_seeds", "verdict", "reached", "steps_to_target", "samples_to_target",
+              "diff_lo", "diff_hi", "diff_seeds", "verdict", "finding", "reached", "steps_to_target", "samples_to_target",
               "seconds_to_target")
 """The columns of summary.csv after one column per swept key."""
 
@@ -226,6 +236,7 @@ def summary_json(sweep: Sweep, cells: list[CellSummary]) -> dict[str, Any]:
         "intervals": {"final": "t-interval over seeds", "best": "t-interval over seeds",
                       "diff": "paired percentile bootstrap over seeds (exact up to 8 seeds)"},
         "target": sweep.target,
+        "expect": sweep.expect,
         "baseline": sweep.baseline.settings,
         "seeds": list(sweep.seeds),
         "cells": [asdict(c) for c in cells],

@@ -13,6 +13,7 @@ The file (``docs/sweeps.md``)::
     seeds: [0, 1, 2]                      # run.seed of each cell's runs (a number n: 0 .. n-1)
     baseline: {algo.eps_high: 0.2}        # the cell the others are compared with (default: the first)
     target: 0.5                           # a held-out accuracy (val/acc): steps, samples, time to reach it
+    expect: better                        # the direction a paper reports for the other cells, stated before the runs
     sweep: {parallel: 2}                  # how the sweep runs (SWEEP_OPTIONS)
 
 Each run is ``load(recipe, [defaults, *set, *cell, run.seed=S, run.dir=DIR/<cell>/seed_S])``:
@@ -36,11 +37,12 @@ import yaml
 
 from reasonrl.config import Config, ConfigError, flatten, load
 from reasonrl.config.loader import read_yaml
+from reasonrl.experiments.stats import EXPECTATIONS
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 """The packaged recipes (reasonrl/recipes/*.yaml), which a bare ``recipe: NAME`` names."""
 
-KEYS = ("recipe", "set", "grid", "cells", "seeds", "baseline", "target", "sweep")
+KEYS = ("recipe", "set", "grid", "cells", "seeds", "baseline", "target", "expect", "sweep")
 """The keys of a sweep file."""
 
 OWNED = ("run.dir", "run.seed")
@@ -94,6 +96,10 @@ class Sweep:
     baseline: Cell
     target: float | None
     options: SweepOptions = field(default_factory=SweepOptions)
+    expect: str | None = None
+    """``better`` or ``worse``: the direction a finding under test reports for every other cell
+    against the baseline (final val/acc), stated before the runs; each cell's summary then says
+    whether the sweep reproduced it (:func:`reasonrl.experiments.stats.finding`). None: no claim."""
 
     def runs(self, root: str | Path) -> list[SweepRun]:
         """Every cell x seed, seed-major (each cell's seed 0, then each cell's seed 1, ...), so
@@ -135,6 +141,7 @@ class Sweep:
         as a list, the recipe as an absolute path)."""
         return {"recipe": str(self.recipe), "set": self.settings, "cells": [c.settings for c in self.cells],
                 "seeds": list(self.seeds), "baseline": self.baseline.settings, "target": self.target,
+                "expect": self.expect,
                 "sweep": {"parallel": self.options.parallel, "run_timeout_h": self.options.run_timeout_h}}
 
 
@@ -189,7 +196,7 @@ def parse_sweep(data: Any, source: str, base: Path, overrides: Sequence[str] = (
             raise ConfigError(f"{source}: baseline {wanted} is none of the cells ({', '.join(c.name for c in cells)})",
                               "baseline")
     return Sweep(source, _recipe(data["recipe"], source, base), settings, cells, _seeds(data.get("seeds"), source),
-                 baseline, _target(data.get("target"), source), options)
+                 baseline, _target(data.get("target"), source), options, _expect(data.get("expect"), source))
 
 
 def _recipe(name: Any, source: str, base: Path) -> Path:
@@ -281,6 +288,13 @@ def _target(value: Any, source: str) -> float | None:
     if type(value) not in (int, float) or not 0 <= value <= 1:
         raise ConfigError(f"{source}: target = {value!r}: expected a held-out accuracy in [0, 1], or null", "target")
     return float(value)
+
+
+def _expect(value: Any, source: str) -> str | None:
+    if value is None or value in EXPECTATIONS:
+        return value
+    raise ConfigError(f"{source}: expect = {value!r}: expected {' or '.join(EXPECTATIONS)} (the direction the finding "
+                      "under test reports for the other cells against the baseline), or null", "expect")
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+,-]")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from reasonrl.config import ConfigError
-from reasonrl.experiments.summary import RunResult, read_result, summarize, summary_csv, summary_json, write_summary
+from reasonrl.experiments.summary import (RunResult, format_table, read_result, summarize, summary_csv, summary_json,
+                                          write_summary)
 from reasonrl.experiments.sweep import RECIPES, cell_name, parse_sweep, read_sweep
 
 BASE = {"recipe": "grpo", "set": {"train.total_steps": 30, "eval": {"every_steps": 10}}, "seeds": [0, 1]}
@@ -48,12 +50,11 @@ def test_each_run_config_is_recipe_set_cell_seed_and_dir(tmp_path):
 
 def test_the_resolved_sweep_reads_back_equal(tmp_path):
     s = sweep_of(tmp_path, grid={"algo.eps_high": [0.2, 0.28]}, baseline={"algo.eps_high": 0.28}, target=0.4,
-                 sweep={"parallel": 2})
+                 sweep={"parallel": 2}, expect="worse")
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(s.to_dict()))
     back = read_sweep(path)
-    assert (back.cells, back.seeds, back.baseline, back.target, back.options, back.recipe, back.settings) == (
-        s.cells, s.seeds, s.baseline, s.target, s.options, s.recipe, s.settings)
+    assert dataclasses.replace(back, source=s.source) == s and back.expect == "worse"  # source: the file read
 
 
 def test_recipes_are_found_beside_the_sweep_file_or_packaged(tmp_path):
@@ -74,6 +75,7 @@ def test_recipes_are_found_beside_the_sweep_file_or_packaged(tmp_path):
     ({"seeds": [0, 0]}, "seeds = \\[0, 0\\]: expected a list of distinct integers"),
     ({"seeds": []}, "expected a list of distinct integers"),
     ({"target": 1.5}, r"target = 1.5: expected a held-out accuracy in \[0, 1\]"),
+    ({"expect": "higher"}, r"expect = 'higher': expected better or worse"),
     ({"sweep": {"parallel": 0}}, "sweep.parallel = 0: expected an integer >= 1"),
     ({"sweep": {"workers": 2}}, "unknown key sweep.workers"),
     ({"seed": [1]}, "unknown key seed; a sweep file has recipe, set, grid, cells, seeds"),
@@ -157,6 +159,13 @@ def test_summarize_pairs_seeds_with_the_baseline(tmp_path):
     assert rows[0]["diff"] == "" and float(rows[1]["diff_lo"]) == pytest.approx(0.1)
     data = summary_json(s, cells)
     assert data["baseline"] == {"algo.eps_high": 0.2} and data["target"] == 0.5
+    assert "finding" not in format_table(cells, 0.5).splitlines()[0]  # no expectation stated: no column
+    # stated before the runs: the higher clip is better
+    expecting = summarize(dataclasses.replace(s, expect="better"), results)
+    assert [c.finding for c in expecting] == [None, "reproduced", "inconclusive"]
+    header, *rows = format_table(expecting, 0.5).splitlines()
+    assert "finding" in header and "reproduced" in rows[2] and "inconclusive" in rows[3]
+    assert summary_json(dataclasses.replace(s, expect="better"), expecting)["expect"] == "better"
     for cell in data["cells"]:
         assert {"settings", "final_mean", "final_lo", "final_hi", "diff", "diff_lo", "diff_hi", "verdict"} <= set(cell)
     written = write_summary(tmp_path, s, cells)

@@ -84,6 +84,13 @@ def test_paired_bootstrap_and_verdicts():
         stats.paired_bootstrap([0.1, 0.2], [0.1])
 
 
+def test_a_finding_is_reproduced_when_the_verdict_has_the_expected_direction():
+    assert stats.finding("better", "better") == "reproduced" and stats.finding("worse", "worse") == "reproduced"
+    assert stats.finding("worse", "better") == "not reproduced" and stats.finding("better", "worse") == "not reproduced"
+    assert stats.finding("no difference", "better") == "inconclusive"
+    assert stats.finding("baseline", "better") is None and stats.finding("better", None) is None
+
+
 def test_first_reaching():
     points = [(0.2, 0, 0.0, 1.0), (0.5, 10, 1280.0, 30.0), (0.7, 20, 2560.0, 61.0)]
     assert stats.first_reaching(points, 0.5) == (10, 1280.0, 30.0)

@@ -452,15 +452,23 @@ def _checkpointer(run_dir: Path, snapshots: Path) -> tuple[Checkpointer, _Counte
     return ckpt, counter
 
 
-def test_resume_takes_the_newer_of_the_snapshot_and_the_checkpoint(tmp_path: Path) -> None:
+def _restarted_after_snapshot(tmp_path: Path, step: int, due: bool) -> tuple[Checkpointer, _Counter, Path, Path]:
+    """A trainer checkpointed step 4 and snapshotted ``step`` (a checkpoint ``due`` there, at
+    last_checkpoint 100.0), then died: the restarted trainer's checkpointer and counter, the run
+    directory and the snapshot directory."""
     run_dir, shm = tmp_path / "run", tmp_path / "shm"
     shm.mkdir()
     ckpt, counter = _checkpointer(run_dir, shm)
     counter.value = 4
     ckpt.save(4, final=False)
-    counter.value = 6
-    ckpt.snapshot(6, last_checkpoint=100.0, due=False)
-    ckpt, counter = _checkpointer(run_dir, shm)  # a restarted trainer
+    counter.value = step
+    ckpt.snapshot(step, last_checkpoint=100.0, due=due)
+    ckpt, counter = _checkpointer(run_dir, shm)
+    return ckpt, counter, run_dir, shm
+
+
+def test_resume_takes_the_newer_of_the_snapshot_and_the_checkpoint(tmp_path: Path) -> None:
+    ckpt, counter, run_dir, shm = _restarted_after_snapshot(tmp_path, 6, due=False)
     assert ckpt.resume() == 6 and counter.value == 6 and ckpt.from_snapshot["checkpoint_time"] == 100.0
     assert ckpt.catch_up(6, 200.0) == 100.0  # no checkpoint was due at 6: the schedule goes on from the last one
     ckpt.emit_resume(6)
@@ -482,14 +490,7 @@ def test_resume_takes_the_newer_of_the_snapshot_and_the_checkpoint(tmp_path: Pat
 def test_a_checkpoint_due_at_the_snapshot_step_is_written_after_the_resume(tmp_path: Path) -> None:
     """The trainer died writing step 8's checkpoint (after step 8's snapshot): the restarted
     one resumes at 8 and writes that checkpoint first."""
-    run_dir, shm = tmp_path / "run", tmp_path / "shm"
-    shm.mkdir()
-    ckpt, counter = _checkpointer(run_dir, shm)
-    counter.value = 4
-    ckpt.save(4, final=False)
-    counter.value = 8
-    ckpt.snapshot(8, last_checkpoint=100.0, due=True)
-    ckpt, counter = _checkpointer(run_dir, shm)
+    ckpt, _, run_dir, _ = _restarted_after_snapshot(tmp_path, 8, due=True)
     assert ckpt.resume() == 8
     assert ckpt.catch_up(8, 200.0) > 200.0
     assert find_latest(run_dir / "checkpoints") == run_dir / "checkpoints" / "step_8"

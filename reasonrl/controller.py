@@ -390,7 +390,10 @@ class Controller:
                 self.keep_samples(0, sink, samples, [], self.val_samples)
                 if on_step is not None:
                     on_step(0, row)
-            while self.step_count < cfg.train.total_steps and not stop.signum:
+            # A stop signal is read once per step, where the step's checkpoint is decided: one that comes
+            # later (during the checkpoint or on_step) ends the run after the next step, with its checkpoint.
+            stopping = bool(stop.signum)
+            while self.step_count < cfg.train.total_steps and not stopping:
                 self.rescale(scale.poll(), idle_rule)
                 stepping = True
                 metrics = self.step()
@@ -413,7 +416,8 @@ class Controller:
                                   self.val_samples if "val/acc" in metrics else [])
                 prompts.log(self.step_count, self.last_record)
                 last.update(metrics)
-                due = self.checkpoints.due(self.step_count, last_checkpoint) or bool(stop.signum)
+                stopping = bool(stop.signum)
+                due = self.checkpoints.due(self.step_count, last_checkpoint) or stopping
                 if snapshot_every and self.step_count % snapshot_every == 0:  # before the checkpoint it may outlive
                     self.checkpoints.snapshot(self.step_count, last_checkpoint, due)
                 if due:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -92,6 +93,22 @@ def test_train_with_supervise_runs_the_trainer_under_the_supervisor(model_dir, t
     [start] = [e for e in events if e["kind"] == "start"]
     assert start["pid"] != os.getpid() and [e["kind"] for e in events][-1] == "done"  # the supervisor's last word
     assert (tmp_path / "run/summary.json").is_file()
+
+
+def test_sigterm_after_a_steps_checkpoint_was_decided_stops_after_the_next_step_with_its_checkpoint(model_dir, tmp_path):
+    # on_step runs once the step's rows are written and its checkpoint, if due, is saved: a
+    # signal then must not end the run on a step that no checkpoint holds.
+    cfg = reasonrl.Config.load("grpo", [*tiny_run(model_dir, tmp_path / "run", 10), "checkpoint.every_steps=100"])
+
+    def on_step(step, metrics):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(SystemExit) as stopped:
+        reasonrl.train(cfg, on_step=on_step)
+    assert stopped.value.code == 143
+    checkpoints = [e["step"] for e in read_jsonl(tmp_path / "run/events.jsonl") if e["kind"] == "checkpoint"]
+    assert checkpoints == [3] and read_jsonl(tmp_path / "run/metrics.jsonl")[-1]["step"] == 3
 
 
 def test_a_script_without_a_main_guard_trains_with_worker_processes_and_evaluates(model_dir, tmp_path):

@@ -3,7 +3,7 @@
     mean, lo, hi = t_interval([0.41, 0.45, 0.43])               # the mean over seeds, 95% t-interval
     diff, lo, hi = paired_bootstrap(cell, baseline)            # same seeds: the mean difference, 95%
     verdict(lo, hi)                                            # 'better' | 'worse' | 'no difference'
-    finding(verdict, expect)                                   # 'reproduced' | 'not reproduced' | 'inconclusive'
+    finding(verdict, expect, lo, hi, margin)                   # 'reproduced' | 'not reproduced' | 'inconclusive'
 
 Pure functions of lists of floats (the standard library only). Two intervals, for two jobs:
 
@@ -189,17 +189,31 @@ def verdict(lo: float | None, hi: float | None, is_baseline: bool = False) -> st
     return "better" if lo > 0 else "worse" if hi < 0 else "no difference"
 
 
-EXPECTATIONS = ("better", "worse")
-"""The directions a sweep file's ``expect`` may state."""
+EXPECTATIONS = ("better", "worse", "no difference")
+"""What a sweep file's ``expect`` may state: a direction, or no difference (within a margin)."""
 
 
-def finding(cell_verdict: str, expect: str | None) -> str | None:
-    """Whether a cell's verdict reproduces the expected direction: ``reproduced`` when the
-    verdict is ``expect``, ``not reproduced`` when it is the opposite (the interval excludes 0
-    on the other side), ``inconclusive`` when it is ``no difference``; None for the baseline
-    or without an expectation."""
+def finding(cell_verdict: str, expect: str | None, lo: float | None = None, hi: float | None = None,
+            margin: float | None = None) -> str | None:
+    """Whether a cell reproduces what was expected of it; None for the baseline or without an
+    expectation.
+
+    - ``expect`` a direction (``better``, ``worse``): ``reproduced`` when the verdict is it,
+      ``not reproduced`` when it is the opposite (the interval excludes 0 on the other side),
+      ``inconclusive`` when it is ``no difference``.
+    - ``expect`` ``no difference``, an equivalence test: ``reproduced`` when the whole interval
+      ``[lo, hi]`` lies within ``[-margin, +margin]``, ``not reproduced`` when it excludes 0
+      (verdict ``better`` or ``worse``) and reaches past the margin, ``inconclusive`` otherwise
+      (it holds 0 but is too wide to rule out a difference of the margin's size).
+    """
     if expect is None or cell_verdict == "baseline":
         return None
+    if expect == "no difference":
+        if margin is None:
+            raise ValueError("finding: expect 'no difference' needs a margin")
+        if lo is not None and hi is not None and -margin <= lo and hi <= margin:
+            return "reproduced"
+        return "inconclusive" if cell_verdict == "no difference" else "not reproduced"
     if cell_verdict == expect:
         return "reproduced"
     return "inconclusive" if cell_verdict == "no difference" else "not reproduced"

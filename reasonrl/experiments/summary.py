@@ -16,7 +16,7 @@ Per cell (:func:`summarize`, over the seeds whose runs finished), with
 :mod:`reasonrl.experiments.stats`: the mean of the final and of the best accuracy with their
 95% t-intervals; the mean paired difference of the final accuracy to the baseline cell over
 the seeds both finished, with its 95% paired percentile bootstrap interval, and the verdict
-(and, where the sweep file states an ``expect``ed direction, whether the cell reproduced it);
+(and, where the sweep file states what it ``expect``s, whether the cell reproduced it);
 how many seeds reached the target, and the mean steps, samples and seconds of those that did;
 and the mean curve with its 95% t-interval band at each validation step every seed has.
 """
@@ -136,9 +136,9 @@ def _cell(sweep: Sweep, cell: Cell, results: dict[tuple[str, int], RunResult], b
         return stats.mean([t[i] for t in reached]) if reached else None
 
     verdict = stats.verdict(diff[1], diff[2], is_baseline)
+    found = stats.finding(verdict, sweep.expect, diff[1], diff[2], sweep.margin)
     return CellSummary(cell.name, cell.settings, list(runs), finals, *final, *best, *diff, len(paired),
-                       verdict, stats.finding(verdict, sweep.expect), len(reached), mean_of(0), mean_of(1), mean_of(2),
-                       _curve(list(runs.values())))
+                       verdict, found, len(reached), mean_of(0), mean_of(1), mean_of(2), _curve(list(runs.values())))
 
 
 def _curve(runs: list[RunResult]) -> list[dict[str, float | None]]:
@@ -237,6 +237,7 @@ def summary_json(sweep: Sweep, cells: list[CellSummary]) -> dict[str, Any]:
                       "diff": "paired percentile bootstrap over seeds (exact up to 8 seeds)"},
         "target": sweep.target,
         "expect": sweep.expect,
+        "margin": sweep.margin,
         "baseline": sweep.baseline.settings,
         "seeds": list(sweep.seeds),
         "cells": [asdict(c) for c in cells],

@@ -13,7 +13,8 @@ The file (``docs/sweeps.md``)::
     seeds: [0, 1, 2]                      # run.seed of each cell's runs (a number n: 0 .. n-1)
     baseline: {algo.eps_high: 0.2}        # the cell the others are compared with (default: the first)
     target: 0.5                           # a held-out accuracy (val/acc): steps, samples, time to reach it
-    expect: better                        # the direction a paper reports for the other cells, stated before the runs
+    expect: better                        # what a paper reports for the other cells, stated before the runs
+    margin: 0.03                          # with expect: no difference, the largest difference that counts as none
     sweep: {parallel: 2}                  # how the sweep runs (SWEEP_OPTIONS)
 
 Each run is ``load(recipe, [defaults, *set, *cell, run.seed=S, run.dir=DIR/<cell>/seed_S])``:
@@ -42,7 +43,7 @@ from reasonrl.experiments.stats import EXPECTATIONS
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 """The packaged recipes (reasonrl/recipes/*.yaml), which a bare ``recipe: NAME`` names."""
 
-KEYS = ("recipe", "set", "grid", "cells", "seeds", "baseline", "target", "expect", "sweep")
+KEYS = ("recipe", "set", "grid", "cells", "seeds", "baseline", "target", "expect", "margin", "sweep")
 """The keys of a sweep file."""
 
 OWNED = ("run.dir", "run.seed")
@@ -98,8 +99,12 @@ class Sweep:
     options: SweepOptions = field(default_factory=SweepOptions)
     expect: str | None = None
     """``better`` or ``worse``: the direction a finding under test reports for every other cell
-    against the baseline (final val/acc), stated before the runs; each cell's summary then says
-    whether the sweep reproduced it (:func:`reasonrl.experiments.stats.finding`). None: no claim."""
+    against the baseline (final val/acc), or ``no difference`` (within ``margin``), stated before
+    the runs; each cell's summary then says whether the sweep reproduced it
+    (:func:`reasonrl.experiments.stats.finding`). None: no claim."""
+    margin: float | None = None
+    """With ``expect: no difference``: the largest difference of final val/acc that counts as
+    none; the cell reproduces the claim when its whole interval lies within ±margin."""
 
     def runs(self, root: str | Path) -> list[SweepRun]:
         """Every cell x seed, seed-major (each cell's seed 0, then each cell's seed 1, ...), so
@@ -142,6 +147,7 @@ class Sweep:
         return {"recipe": str(self.recipe), "set": self.settings, "cells": [c.settings for c in self.cells],
                 "seeds": list(self.seeds), "baseline": self.baseline.settings, "target": self.target,
                 "expect": self.expect,
+                "margin": self.margin,
                 "sweep": {"parallel": self.options.parallel, "run_timeout_h": self.options.run_timeout_h}}
 
 
@@ -196,7 +202,8 @@ def parse_sweep(data: Any, source: str, base: Path, overrides: Sequence[str] = (
             raise ConfigError(f"{source}: baseline {wanted} is none of the cells ({', '.join(c.name for c in cells)})",
                               "baseline")
     return Sweep(source, _recipe(data["recipe"], source, base), settings, cells, _seeds(data.get("seeds"), source),
-                 baseline, _target(data.get("target"), source), options, _expect(data.get("expect"), source))
+                 baseline, _target(data.get("target"), source), options, _expect(data.get("expect"), source),
+                 _margin(data.get("margin"), data.get("expect"), source))
 
 
 def _recipe(name: Any, source: str, base: Path) -> Path:
@@ -293,8 +300,21 @@ def _target(value: Any, source: str) -> float | None:
 def _expect(value: Any, source: str) -> str | None:
     if value is None or value in EXPECTATIONS:
         return value
-    raise ConfigError(f"{source}: expect = {value!r}: expected {' or '.join(EXPECTATIONS)} (the direction the finding "
-                      "under test reports for the other cells against the baseline), or null", "expect")
+    raise ConfigError(f"{source}: expect = {value!r}: expected {', '.join(EXPECTATIONS)} (what the finding under test "
+                      "reports for the other cells against the baseline), or null", "expect")
+
+
+def _margin(value: Any, expect: Any, source: str) -> float | None:
+    """The equivalence margin: required with ``expect: no difference``, refused otherwise."""
+    if expect != "no difference":
+        if value is not None:
+            raise ConfigError(f"{source}: margin = {value!r}: a margin belongs to expect: no difference "
+                              f"(expect is {expect!r}); remove it", "margin")
+        return None
+    if type(value) not in (int, float) or not 0 < value <= 1:
+        raise ConfigError(f"{source}: margin = {value!r}: expect: no difference needs a margin, the largest "
+                          "difference of final held-out accuracy that counts as none, in (0, 1]", "margin")
+    return float(value)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+,-]")

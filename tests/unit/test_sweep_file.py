@@ -50,11 +50,11 @@ def test_each_run_config_is_recipe_set_cell_seed_and_dir(tmp_path):
 
 def test_the_resolved_sweep_reads_back_equal(tmp_path):
     s = sweep_of(tmp_path, grid={"algo.eps_high": [0.2, 0.28]}, baseline={"algo.eps_high": 0.28}, target=0.4,
-                 sweep={"parallel": 2}, expect="worse")
+                 sweep={"parallel": 2}, expect="no difference", margin=0.02)
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(s.to_dict()))
     back = read_sweep(path)
-    assert dataclasses.replace(back, source=s.source) == s and back.expect == "worse"  # source: the file read
+    assert dataclasses.replace(back, source=s.source) == s and (back.expect, back.margin) == ("no difference", 0.02)
 
 
 def test_recipes_are_found_beside_the_sweep_file_or_packaged(tmp_path):
@@ -75,7 +75,9 @@ def test_recipes_are_found_beside_the_sweep_file_or_packaged(tmp_path):
     ({"seeds": [0, 0]}, "seeds = \\[0, 0\\]: expected a list of distinct integers"),
     ({"seeds": []}, "expected a list of distinct integers"),
     ({"target": 1.5}, r"target = 1.5: expected a held-out accuracy in \[0, 1\]"),
-    ({"expect": "higher"}, r"expect = 'higher': expected better or worse"),
+    ({"expect": "higher"}, r"expect = 'higher': expected better, worse, no difference"),
+    ({"expect": "no difference"}, r"margin = None: expect: no difference needs a margin"),
+    ({"expect": "better", "margin": 0.03}, r"margin = 0.03: a margin belongs to expect: no difference"),
     ({"sweep": {"parallel": 0}}, "sweep.parallel = 0: expected an integer >= 1"),
     ({"sweep": {"workers": 2}}, "unknown key sweep.workers"),
     ({"seed": [1]}, "unknown key seed; a sweep file has recipe, set, grid, cells, seeds"),
@@ -166,6 +168,10 @@ def test_summarize_pairs_seeds_with_the_baseline(tmp_path):
     header, *rows = format_table(expecting, 0.5).splitlines()
     assert "finding" in header and "reproduced" in rows[2] and "inconclusive" in rows[3]
     assert summary_json(dataclasses.replace(s, expect="better"), expecting)["expect"] == "better"
+    # stated as no difference within 0.06: [-0.05, 0.05] rules out a larger one; [0.1, ...] does not
+    equal = dataclasses.replace(s, expect="no difference", margin=0.06)
+    assert [c.finding for c in summarize(equal, results)] == [None, "not reproduced", "reproduced"]
+    assert summary_json(equal, cells)["margin"] == 0.06
     for cell in data["cells"]:
         assert {"settings", "final_mean", "final_lo", "final_hi", "diff", "diff_lo", "diff_hi", "verdict"} <= set(cell)
     written = write_summary(tmp_path, s, cells)

@@ -91,6 +91,17 @@ def test_a_finding_is_reproduced_when_the_verdict_has_the_expected_direction():
     assert stats.finding("baseline", "better") is None and stats.finding("better", None) is None
 
 
+def test_no_difference_is_reproduced_only_by_an_interval_inside_the_margin():
+    # An equivalence test: the interval must rule out a difference of the margin's size.
+    assert stats.finding("no difference", "no difference", -0.02, 0.025, margin=0.03) == "reproduced"
+    assert stats.finding("better", "no difference", 0.005, 0.02, margin=0.03) == "reproduced"  # real, but too small to matter
+    assert stats.finding("no difference", "no difference", -0.02, 0.04, margin=0.03) == "inconclusive"
+    assert stats.finding("worse", "no difference", -0.08, -0.04, margin=0.03) == "not reproduced"
+    assert stats.finding("no difference", "no difference", None, None, margin=0.03) == "inconclusive"  # too few seeds
+    with pytest.raises(ValueError, match="margin"):
+        stats.finding("no difference", "no difference", -0.01, 0.01)
+
+
 def test_first_reaching():
     points = [(0.2, 0, 0.0, 1.0), (0.5, 10, 1280.0, 30.0), (0.7, 20, 2560.0, 61.0)]
     assert stats.first_reaching(points, 0.5) == (10, 1280.0, 30.0)

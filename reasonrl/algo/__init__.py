@@ -5,6 +5,7 @@ Imports only torch (and the standard library); no config objects.
 
 from reasonrl.algo.advantages import (
     GROUP_ESTIMATORS,
+    batch_normalised,
     dr_grpo,
     gae,
     grpo,
@@ -34,6 +35,7 @@ __all__ = [
     "KL_KINDS",
     "agg_normaliser",
     "aggregate",
+    "batch_normalised",
     "behaviour_metrics",
     "dr_grpo",
     "entropy_from_logits",

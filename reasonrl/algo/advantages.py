@@ -64,6 +64,21 @@ def lite_ppo(scores: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -
     return (scores - mean) / (std + eps)
 
 
+def batch_normalised(scores: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Batch-level advantage normalisation ("Tricks or Traps", 2025; ROLL's
+    reward_norm(norm_mean_type="batch", norm_std_type="batch")): the batch's mean and std, no groups.
+
+    A_i = (s_i - mean(s)) / (std_batch + eps), mean(s) = sum_j s_j / B and std_batch the
+    unbiased std of the scores over the batch, as in ``lite_ppo``; a batch of one has
+    std_batch := 1 (and A = 0). ``group_ids`` is not read: a group whose samples all scored
+    alike still gets its distance to the batch's mean.
+    """
+    del group_ids
+    if scores.numel() < 2:
+        return scores - scores
+    return (scores - scores.mean()) / (scores.std() + eps)
+
+
 def rloo(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """REINFORCE leave-one-out advantage.
 
@@ -139,7 +154,7 @@ def gae(
     return advantages, returns
 
 
-GROUP_ESTIMATORS = {"grpo": grpo, "dr_grpo": dr_grpo, "lite_ppo": lite_ppo, "rloo": rloo}
+GROUP_ESTIMATORS = {"grpo": grpo, "dr_grpo": dr_grpo, "lite_ppo": lite_ppo, "batch": batch_normalised, "rloo": rloo}
 """The outcome estimators by ``algo.adv_estimator`` name: ``fn(scores [B], group_ids [B]) ->
 advantages [B]`` (broadcast over each sample's tokens by the caller). The token-level ones,
 ``reinforce_pp`` and ``gae``, take token rewards (and values) instead."""

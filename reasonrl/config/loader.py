@@ -257,6 +257,10 @@ def _read_recipe(path: Path, leaves: dict[str, tuple[Any, str]]) -> None:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: cannot read the recipe ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        line = err.object[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}, line {line}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset "
+                          f"{err.start}); a recipe is a UTF-8 YAML file") from None
     try:
         data = yaml.load(text, Loader=_Loader)
         lines = _key_lines(yaml.compose(text, Loader=_Loader), "", path, {})

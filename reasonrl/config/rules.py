@@ -55,6 +55,14 @@ def validate(cfg: Config) -> None:
     _require(t.precision != "bf16-mixed" or cfg.model.dtype == "float32", "model.dtype", cfg.model.dtype,
              "train.precision=bf16-mixed keeps the parameters in float32 (bf16 products); set model.dtype=float32, "
              "or train.precision=fp32 for pure low-precision parameters")
+    if tuple(cfg.reward.range) != (-1.0, 1.0):
+        custom = [spec for spec in _reward_specs(cfg) if spec not in BOUNDED_REWARDS + UNBOUNDED_REWARDS]
+        _require(not custom, "reward.range", list(cfg.reward.range),
+                 f"rescales the built-in functions' -1..+1 scores; the function {custom[0] if custom else ''!r} "
+                 "returns its own scores, so give it the range you want and leave reward.range at [-1, 1]")
+        _require(not cfg.env.name, "reward.range", list(cfg.reward.range),
+                 f"an environment's episodes are scored by their return (env.name = {cfg.env.name!r}), not by "
+                 "reward.fn; leave reward.range at [-1, 1]")
     e = cfg.env
     if e.name:
         _require(can(r.backend, "continues"), "rollout.backend", r.backend, cannot("continues", f"env.name = {e.name!r}"))
@@ -117,8 +125,7 @@ def unbounded_rewards(cfg: Config) -> list[str]:
     :data:`UNBOUNDED_REWARDS`; none for an env run (its episodes are graded by their return)."""
     if cfg.env.name:
         return []
-    specs = [cfg.reward.fn, *(entry.rpartition("=")[2].strip() for entry in cfg.reward.by_source)]
-    return list(dict.fromkeys(s for s in specs if s in UNBOUNDED_REWARDS))
+    return list(dict.fromkeys(s for s in _reward_specs(cfg) if s in UNBOUNDED_REWARDS))
 
 
 def unlimited_rewards(cfg: Config) -> list[str]:
@@ -126,8 +133,12 @@ def unlimited_rewards(cfg: Config) -> list[str]:
     are graded in the caller's thread (import paths); none for an env run."""
     if cfg.env.name:
         return []
-    specs = [cfg.reward.fn, *(entry.rpartition("=")[2].strip() for entry in cfg.reward.by_source)]
-    return list(dict.fromkeys(s for s in specs if s not in BOUNDED_REWARDS + UNBOUNDED_REWARDS))
+    return list(dict.fromkeys(s for s in _reward_specs(cfg) if s not in BOUNDED_REWARDS + UNBOUNDED_REWARDS))
+
+
+def _reward_specs(cfg: Config) -> list[str]:
+    """reward.fn and the functions of reward.by_source (``'SOURCE=FN'`` entries)."""
+    return [cfg.reward.fn, *(entry.rpartition("=")[2].strip() for entry in cfg.reward.by_source)]
 
 
 def reward_workers(cfg: Config) -> int:
@@ -344,6 +355,9 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "runtime.trainer_ranks": _AT_LEAST_1,
     "runtime.collective_timeout_s": _POSITIVE,
     "runtime.ray_join_timeout_s": _POSITIVE,
+    "reward.range": (lambda v: len(v) == 2 and all(math.isfinite(x) for x in v) and v[0] < v[1],
+                     "[wrong, right], two finite numbers with wrong < right ([-1, 1], the default; [0, 1] for "
+                     "{0, 1} rewards)"),
 }
 """Single-key rules: dotted key -> (predicate, what is allowed). Checked in this order,
 before the cross-key rules in ``validate`` (which may then divide by the sizes)."""

@@ -281,6 +281,13 @@ class RewardConfig:
     """Reward functions per data source, 'SOURCE=FN' entries (FN as in reward.fn), for example
     [openai/gsm8k=gsm8k, math_dapo=math_verify]; a row whose data_source is not listed gets
     reward.fn."""
+    range: tuple[float, ...] = (-1.0, 1.0)
+    """[wrong, right]: the scores of the built-in functions (dapo, boxed, gsm8k, math_verify,
+    code), which score from -1 (wrong) to +1 (right), mapped linearly onto this range: [0, 1]
+    gives {0, 1} rewards (code's fractions become passed / total). A sample whose grading failed
+    scores the low end. reward.format_score and the overlong punishment are added after. An
+    import-path function keeps its own scores (its range cannot be changed here), and so does
+    an environment's return."""
     format: str = ""
     """A format reward added to any function's score: '' (none), 'boxed' (one \\boxed{} answer
     at the end), 'answer_line' (a last line 'Answer: ...'), 'think' (<think>...</think> then the
@@ -305,9 +312,10 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    adv_estimator: Literal["grpo", "dr_grpo", "lite_ppo", "rloo", "reinforce_pp", "gae"] = "grpo"
+    adv_estimator: Literal["grpo", "dr_grpo", "lite_ppo", "batch", "rloo", "reinforce_pp", "gae"] = "grpo"
     """Advantage estimator (reasonrl/algo/advantages.py): 'grpo' (group mean and std), 'dr_grpo'
-    (group mean only), 'lite_ppo' (group mean, batch std), 'rloo' (leave-one-out mean),
+    (group mean only), 'lite_ppo' (group mean, batch std), 'batch' (batch mean and std, no
+    groups), 'rloo' (leave-one-out mean),
     'reinforce_pp' (REINFORCE++: batch-whitened returns), 'gae' (PPO with a critic)."""
     eps_low: float = 0.2
     """Lower clip range: ratio >= 1 - eps_low for negative-advantage tokens."""

@@ -8,10 +8,15 @@ each passed only when the function's signature names it, all of them when it tak
 extracted answer), and any other fields, which are kept with the sample and logged.
 
 A :class:`Grader` is what ``reward.*`` configures: ``reward.fn``, the functions chosen per
-``data_source`` (``reward.by_source``) and the format reward (``reward.format``) on top::
+``data_source`` (``reward.by_source``), the range of the built-in rules' scores
+(``reward.range``) and the format reward (``reward.format``) on top::
 
-    score = fn_for(data_source)(response, ground_truth, **row)["score"]
-            + reward.format_score * [response is in reward.format]
+    s = fn_for(data_source)(response, ground_truth, **row)["score"]
+    score = lo + (s + 1) / 2 * (hi - lo) + reward.format_score * [response is in reward.format]
+
+with ``(lo, hi) = reward.range``: the built-in rules score from -1 (wrong) to +1 (right), so
+the default ``[-1, 1]`` keeps their scores and ``[0, 1]`` gives {0, 1} rewards. A sample whose
+grading failed scores ``lo``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from reasonrl.reward.format import format_rule
 from reasonrl.reward.math import INVALID, boxed_score, dapo_score, gsm8k_score
 
 FAILURE_SCORE = -1.0
-"""The score given to a sample whose reward function raised or returned something malformed."""
+"""The score given to a sample whose reward function raised, returned something malformed or
+timed out, under the default ``reward.range`` (in general its low end, :meth:`Grader.failed`)."""
 
 BUILTIN: dict[str, Callable[[str, str], dict]] = {"dapo": dapo_score, "boxed": boxed_score, "gsm8k": gsm8k_score}
 
@@ -108,30 +114,39 @@ class Grade:
     timed_out: bool = False
 
 
-def failed_grade(error: str, timed_out: bool = False) -> Grade:
-    """The grade of a sample whose scoring failed with ``error`` (``timed_out``: by running
-    past its time limit)."""
-    return Grade(FAILURE_SCORE, False, INVALID, True, _one_line(error), timed_out=timed_out)
-
-
 class Grader:
     """A default reward function, functions per data source and an optional format rule as
     one callable (what ``reward.*`` configures: :meth:`from_config`); :meth:`grade` never
-    raises for anything a reward function does."""
+    raises for anything a reward function does (``sys.exit()`` included; Ctrl-C is the run's)."""
 
     def __init__(self, default: RewardFn, by_source: dict[str, RewardFn] | None = None,
-                 format_check: Callable[[str], bool] | None = None, format_score: float = 0.0) -> None:
+                 format_check: Callable[[str], bool] | None = None, format_score: float = 0.0,
+                 score_range: tuple[float, float] = (FAILURE_SCORE, 1.0)) -> None:
         self.default = default
         self.by_source = by_source or {}
         self.format_check, self.format_score = format_check, format_score
+        self.low, self.high = score_range
         self._keywords: dict[int, frozenset[str] | None] = {}
 
     @classmethod
     def from_config(cls, cfg: RewardConfig) -> "Grader":
-        """The grader of ``reward.fn``, ``reward.by_source`` and ``reward.format``."""
+        """The grader of ``reward.fn``, ``reward.by_source``, ``reward.range`` and ``reward.format``."""
         by_source = {source: load_reward_fn(spec, cfg) for source, spec in parse_by_source(cfg.by_source).items()}
         check = format_rule(cfg.format) if cfg.format else None
-        return cls(load_reward_fn(cfg.fn, cfg), by_source, check, cfg.format_score)
+        low, high = cfg.range
+        return cls(load_reward_fn(cfg.fn, cfg), by_source, check, cfg.format_score, (low, high))
+
+    def rescale(self, score: float) -> float:
+        """A score on the built-in rules' scale [-1, 1] on ``[low, high]``:
+        ``low + (score + 1) / 2 * (high - low)`` (the identity for the default [-1, 1])."""
+        if (self.low, self.high) == (FAILURE_SCORE, 1.0):
+            return score
+        return self.low + (score + 1.0) / 2.0 * (self.high - self.low)
+
+    def failed(self, error: str, timed_out: bool = False) -> Grade:
+        """The grade of a sample whose scoring failed with ``error`` (``timed_out``: by running
+        past its time limit): the low end of the range, not correct."""
+        return Grade(self.low, False, INVALID, True, _one_line(error), timed_out=timed_out)
 
     def fn_for(self, data_source: str) -> RewardFn:
         """The reward function of rows from ``data_source``."""
@@ -145,7 +160,10 @@ class Grader:
             result = fn(response, ground_truth, **self._row_kwargs(fn, row))
             score, acc, pred, extras = check_result(result)
         except Exception as e:
-            return failed_grade(f"{type(e).__name__}: {e}")
+            return self.failed(f"{type(e).__name__}: {e}")
+        except SystemExit as e:  # sys.exit() in a reward function ends this sample's grading, not the run
+            return self.failed(f"the reward function called sys.exit({e.code!r})")
+        score = self.rescale(score)
         if self.format_check is not None:
             formatted = self.format_check(response)
             score += self.format_score if formatted else 0.0
@@ -221,7 +239,7 @@ def score_batch(fn: RewardFn | Grader, texts: list[str], ground_truths: list[str
     """Grade each (text, ground truth[, row]) with ``fn`` (a reward function or a Grader).
 
     A sample fails when ``fn`` raises or returns something other than a dict with a finite
-    numeric ``score``; it then gets ``FAILURE_SCORE`` and ``acc = False``. A missing ``acc``
+    numeric ``score``; it then gets the range's low end (``FAILURE_SCORE`` by default) and ``acc = False``. A missing ``acc``
     key means ``score > 0``. Never raises for anything ``fn`` does; different list lengths
     are a ValueError.
     """

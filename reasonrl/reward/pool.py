@@ -4,7 +4,7 @@
         grades = pool.score(texts, ground_truths, rows)   # Grades: scores, acc, failed, errors, ...
 
 A sample whose reward function raises, returns something malformed or runs past the timeout
-is scored as failed (``FAILURE_SCORE``, ``acc`` False) and the batch goes on; a worker stuck
+is scored as failed (the low end of ``reward.range``, ``acc`` False) and the batch goes on; a worker stuck
 past the timeout, or one that died, is replaced by the runtime's pool
 (:class:`~reasonrl.runtime.pool.WorkerPool`, under its restart policy) and the samples it had
 not graded yet go to the workers again. Too many failed samples in a row (across calls) raise
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from reasonrl.config import RewardConfig
 from reasonrl.errors import LimitError, error_line
-from reasonrl.reward.base import Grade, Grader, Grades, failed_grade
+from reasonrl.reward.base import Grade, Grader, Grades
 
 
 class RewardFailureError(LimitError, RuntimeError):
@@ -129,11 +129,11 @@ class RewardPool:
                 elif done.outcome == "ok":
                     results[i] = done.value
                 elif done.outcome == "timeout":
-                    results[i] = failed_grade(f"timeout after {pool.timeout_s:g}s", timed_out=True)
+                    results[i] = self._grader.failed(f"timeout after {pool.timeout_s:g}s", timed_out=True)
                 elif done.outcome == "died":
-                    results[i] = failed_grade(f"reward worker died ({done.value})")
+                    results[i] = self._grader.failed(f"reward worker died ({done.value})")
                 else:
-                    results[i] = failed_grade(error_line(done.value))
+                    results[i] = self._grader.failed(error_line(done.value))
         return results
 
     def _collect(self, results: list[Grade]) -> Grades:

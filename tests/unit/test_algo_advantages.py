@@ -7,7 +7,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from reasonrl.algo import dr_grpo, gae, grpo, lite_ppo, outcome_to_token_rewards, reinforce_pp, rloo
+from reasonrl.algo import batch_normalised, dr_grpo, gae, grpo, lite_ppo, outcome_to_token_rewards, reinforce_pp, rloo
 
 EPS = 1e-6
 
@@ -41,6 +41,18 @@ def test_lite_ppo_hand():
     assert torch.allclose(lite_ppo(scores, ids), expected, atol=1e-6)
     # batch of one: std 1, group of one: mean 0 -> 3 / (1 + eps)
     assert lite_ppo(torch.tensor([3.0]), torch.tensor([0])).item() == pytest.approx(3 / (1 + EPS))
+
+
+def test_batch_normalised_hand():
+    # the same six scores, groups ignored: batch mean .5, unbiased std sqrt(.3) (as above) ->
+    # (s - .5) / sqrt(.3): the all-correct group c gets +.5 / sqrt(.3), not 0 as under grpo
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    ids = torch.tensor([11, 11, 4, 4, 9, 9])
+    expected = torch.tensor([0.5, -0.5, -0.5, -0.5, 0.5, 0.5]) / (math.sqrt(0.3) + EPS)
+    assert torch.allclose(batch_normalised(scores, ids), expected, atol=1e-6)
+    # {0, 1} and {-1, 1} rewards give the same advantages up to eps: the normalisation is affine-invariant
+    assert torch.allclose(batch_normalised(2 * scores - 1, ids), expected, atol=1e-5)
+    assert batch_normalised(torch.tensor([3.0]), torch.tensor([0])).item() == 0.0  # a batch of one
 
 
 def test_rloo_hand():

@@ -112,6 +112,12 @@ def test_missing_recipe(tmp_path):
     assert "cannot read the recipe" in error(tmp_path / "absent.yaml")
 
 
+def test_a_recipe_that_is_not_utf8_is_a_config_error_naming_its_line(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("algo:\n  eps_high: 0.3\n# caf\u00e9\n".encode("latin-1"))
+    assert error(path) == f"{path}, line 3: not UTF-8 text (byte 0xe9 at offset 27); a recipe is a UTF-8 YAML file"
+
+
 @pytest.mark.parametrize(
     "overrides, expected",
     [
@@ -146,6 +152,12 @@ def test_missing_recipe(tmp_path):
         ),
         (["train.micro_batch_size=24"], "train.micro_batch_size = 24: must divide train.mini_batch_size = 64"),
         (["train.micro_batch_tokens=-1"], "train.micro_batch_tokens = -1: must be >= 0"),
+        (["reward.range=[1, 0]"], "reward.range = (1.0, 0.0): must be [wrong, right], two finite numbers with wrong < right"),
+        (["reward.range=[0, 1, 2]"], "reward.range = (0.0, 1.0, 2.0): must be [wrong, right]"),
+        (["reward.range=[0, 1]", "reward.fn=tests.reward_fixtures:coin"],
+         "reward.range = [0.0, 1.0]: rescales the built-in functions' -1..+1 scores; the function "
+         "'tests.reward_fixtures:coin' returns its own scores"),
+        (["reward.range=[0, 1]", "env.name=grid"], "reward.range = [0.0, 1.0]: an environment's episodes are scored by their return"),
         (["train.skip_zero_advantage=maybe"], "train.skip_zero_advantage"),
         (["rollout.cuda_graph=maybe"], "rollout.cuda_graph = 'maybe': expected true or false"),
         (["rollout.backend=sglang"], "rollout.backend = 'sglang': expected one of 'hf', 'fast', 'vllm'"),
@@ -350,7 +362,8 @@ def test_every_refusal_left_in_the_rules_is_about_a_value_or_a_backend():
     refused = sorted({c.args[1].value for c in calls if isinstance(c.args[1], ast.Constant)})
     assert refused == sorted([
         "algo.eps_high", "algo.overlong_buffer", "env.tool_call_pattern", "env.tool_response_format", "model.dtype",
-        "model.lora.rank", "rollout.backend", "rollout.interrupt", "rollout.max_staleness", "rollout.n", "sft.heads", "sft.kv_heads",
+        "model.lora.rank", "reward.range", "rollout.backend", "rollout.interrupt", "rollout.max_staleness", "rollout.n",
+        "sft.heads", "sft.kv_heads",
         "train.gen_prompts_per_step", "train.micro_batch_size", "train.mini_batch_size", "train.old_logprobs",
         "train.strategy",
     ]), refused

@@ -3,6 +3,8 @@ reward, GSM8K's rule, and the same grades in reward worker processes."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from reasonrl.config import RewardConfig
@@ -41,6 +43,31 @@ def test_rewards_by_data_source_and_the_format_reward_on_top():
     assert grades.scores.tolist() == [1.0, 1.25, 1.0]  # gsm8k rule; dapo + format; dapo, no format (last line)
     assert grades.preds == ["1000", "12", "12"]
     assert [x["format"] for x in grades.extras] == [0.0, 1.0, 0.0]
+
+
+def test_reward_range_maps_the_builtin_scores_and_failures_onto_its_ends_before_the_format_reward():
+    cfg = RewardConfig(fn="dapo", range=(0.0, 1.0), format="answer_line", format_score=0.25)
+    grades = score_batch(Grader.from_config(cfg), ["Answer: 12", "Answer: 11", "12"], ["12", "12", "12"])
+    assert grades.scores.tolist() == [1.25, 0.25, 0.0] and grades.acc.tolist() == [True, False, False]
+    wide = Grader.from_config(RewardConfig(fn="dapo", range=(-2.0, 4.0)))
+    assert [wide.grade(t, "12").score for t in ("Answer: 12", "Answer: 11")] == [4.0, -2.0]
+    assert wide.rescale(0.0) == 1.0  # code's half-passed fraction: the middle of the range
+
+    def broken(response, ground_truth):
+        raise RuntimeError("no")
+
+    failed = Grader(broken, score_range=(0.0, 1.0)).grade("Answer: 12", "12")
+    assert (failed.score, failed.failed, failed.acc) == (0.0, True, False)  # the low end, not -1
+    assert Grader(broken).grade("x", "12").score == -1.0  # the default range: FAILURE_SCORE
+
+
+def test_a_reward_function_that_calls_sys_exit_fails_its_sample_not_the_run():
+    def leaves(response, ground_truth):
+        sys.exit(3)
+
+    grades = score_batch(leaves, ["Answer: 12"], ["12"])
+    assert grades.failed.tolist() == [True] and grades.scores.tolist() == [-1.0]
+    assert grades.errors == ["sample 0: the reward function called sys.exit(3)"]
 
 
 @pytest.mark.parametrize("entries, message", [

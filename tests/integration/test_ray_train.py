@@ -133,7 +133,7 @@ def test_a_cluster_that_does_not_answer_is_an_input_error_with_no_restart(model_
     proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, tmp_path / "run", 2),
                            "runtime.engine=ray", f"runtime.ray_address={address}",
                            "runtime.ray_join_timeout_s=2"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=60)  # a wrong address ends within 60 s
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"runtime.ray_address = {address!r}: could not join a Ray cluster there" in proc.stderr
     assert f"_node_ip_address='127.0.0.1'" in proc.stderr  # a loopback address is dialled on loopback

@@ -1,4 +1,5 @@
-"""Preflight reloads a model directory's tokenizer the way ``final/`` will be reloaded, before the first step."""
+"""Preflight refuses, before the first step, a model whose tokenizer would not reload the way
+``final/`` will be, and LoRA without the peft package."""
 
 from __future__ import annotations
 
@@ -32,3 +33,15 @@ def test_a_model_whose_export_would_fail_is_refused_before_training(tmp_path, mo
     assert not (tmp_path / "run").exists()
     plan = preflight(load(None, [f"model.path={model_dir}", f"run.dir={tmp_path / 'ok'}"]))  # a llama-typed one passes
     assert plan.model == str(model_dir)
+
+
+def test_lora_without_the_peft_package_is_refused_before_anything_loads(tmp_path, model_dir, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a))
+    cfg = load(None, [f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}", "model.lora.rank=8"])
+    with pytest.raises(InputError, match=r"^model\.lora\.rank = 8: LoRA needs the peft package, which is not installed; "
+                                         r"pip install 'reasonrl\[lora\]', or model\.lora\.rank=0"):
+        preflight(cfg)
+    assert not (tmp_path / "run").exists()

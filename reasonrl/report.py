@@ -302,27 +302,43 @@ def line_figure(runs: list[Run], panels: list[Panel]) -> Figure | None:
                     ax.plot(steps, values, color=_colour(index), label=f"{run.label}: {key}", **style)
         ax.set(title=panel.title, xlabel="step", ylabel=panel.ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        _legend_beside(ax)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.xaxis.set_tick_params(labelbottom=True)  # sharex hides them above the last row
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 5))
     for index, run in enumerate(runs):
         if any(run.series(key)[0] for panel in drawn for key, _ in panel.lines):
             _mark_events(axes[: len(drawn)], run, _colour(index))
-    _fit(fig, rows, cols)
+    legend = _legend_inches(axes[: len(drawn)])
+    fig.set_size_inches(fig.get_size_inches()[0] + cols * legend, fig.get_size_inches()[1])
+    _fit(fig, rows, cols, legend=legend)
     return fig
 
 
-def _fit(fig: Figure, rows: int, cols: int, right: float = 0.25) -> None:
+def _legend_inches(axes: list[Axes]) -> float:
+    """The width a legend beside any of ``axes`` takes: its handle and padding, and its longest
+    label at about 0.07 inches a character (matplotlib's small font)."""
+    longest = max((len(label) for ax in axes for label in ax.get_legend_handles_labels()[1]), default=0)
+    return 0.7 + 0.07 * longest
+
+
+def _legend_beside(ax: Axes, **kwargs) -> None:
+    """The axes' legend outside them, on their right, its top at theirs (:func:`_fit` leaves
+    room there)."""
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kwargs)
+
+
+def _fit(fig: Figure, rows: int, cols: int, legend: float = 0.0) -> None:
     """Margins and gaps in inches that hold the tick labels, axis labels and titles of a grid of
-    axes, and ``right`` inches on the right (a legend outside the axes); ``tight_layout``
+    axes, and ``legend`` inches right of each axes (a legend outside them); ``tight_layout``
     measures them instead, at the cost of drawing the figure once more."""
     width, height = fig.get_size_inches()
     left, bottom, top, gap = 0.9, 0.6, 0.45, 1.0
-    axes_w = (width - left - right - (cols - 1) * gap) / cols
+    right = max(0.25, legend)
+    axes_w = (width - left - right - (cols - 1) * (gap + legend)) / cols
     axes_h = (height - bottom - top - (rows - 1) * gap) / rows
     fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
-                        wspace=gap / axes_w, hspace=gap / axes_h)
+                        wspace=(gap + legend) / axes_w, hspace=gap / axes_h)
 
 
 def _mark_events(axes: list[Axes], run: Run, colour: str) -> None:
@@ -388,9 +404,9 @@ def timing_figure(runs: list[Run]) -> Figure | None:
             handles += ax.plot(steps, seconds, color=marks[index % len(marks)], linestyle="--", marker="o",
                                markersize=3, label=f"{key.removeprefix('timing_s/')} (line)")
         ax.set(title=f"time per stage (bars, stacked) and waits (lines): {run.label}", xlabel="step", ylabel="seconds")
-        ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        _legend_beside(ax, handles=handles)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _fit(fig, len(series), 1, right=_LEGEND_IN)
+    _fit(fig, len(series), 1, legend=_LEGEND_IN)
     return fig
 
 
@@ -456,9 +472,11 @@ def forecast_figure(runs: list[Run], forecasts: list[Forecast | str]) -> Figure 
                 xlabel="step of the forecast", ylabel="val/acc", ylim=(-0.02, 1.02))
     for a in axes:
         a.grid(alpha=0.3)
-        a.legend(fontsize="small")
+        _legend_beside(a)
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _fit(fig, len(axes), 1)
+    legend = _legend_inches(list(axes))
+    fig.set_size_inches(fig.get_size_inches()[0] + legend, fig.get_size_inches()[1])
+    _fit(fig, len(axes), 1, legend=legend)
     return fig
 
 

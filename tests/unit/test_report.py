@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 
 from reasonrl.cli import main
@@ -148,6 +149,14 @@ def test_plots_have_integer_steps_and_mark_events():
     assert [a.get_title() for a in by_source.axes] == ["held-out accuracy: a", "held-out accuracy: b"]
     assert line_figure(runs, specs["throughput.png"]) is None  # no run has perf/*
     assert line_figure(runs, specs["data_mix.png"]) is None and line_figure(runs, specs["curriculum.png"]) is None
+    # three sources: two columns, each legend beside its axes, clear of the next column, inside the figure
+    three = [Run("dapo", [{**row, "val/acc/c": 0.75} for row in rows])]
+    fig = line_figure(three, plot_specs(three)["accuracy_by_source.png"])
+    a, b, c = fig.axes
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    boxes = {ax: ax.get_legend().get_window_extent(renderer) for ax in (a, b, c)}
+    assert all(box.x0 > ax.get_window_extent(renderer).x1 for ax, box in boxes.items())
+    assert boxes[a].x1 < b.get_window_extent(renderer).x0 and boxes[b].x1 <= fig.bbox.x1
 
 
 def test_the_plots_mark_incidents_and_recoveries_not_the_runs_course():

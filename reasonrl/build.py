@@ -2,7 +2,7 @@
 
     topology = plan(cfg)                                  # where each role runs
     roles = build(cfg, topology, run, log)                # the workers, the rollout source, validation
-    controller = Controller(cfg, roles, run)              # holds the loop, not the workers' state
+    controller = Controller(cfg, log, topology)           # locks the run, builds its roles, holds the loop
 
 The rollout side is one path in every mode: an :class:`~reasonrl.rollout.source.AsyncSource`
 whose producer (sampler, scheduler, prompt records, reward grading) runs on a thread of this

@@ -595,8 +595,9 @@ class RoleConfig:
     """Workers of this role."""
     threads: int = 0
     """torch threads of each worker in a process or actor of its own (rollout workers, trainer
-    ranks 1..N-1); 0: the controller's count (run.threads, or this machine's cores) divided
-    among the role's workers. On a small machine, split the cores."""
+    ranks 1..N-1, reward and environment workers); 0: the controller's count (run.threads, or
+    this machine's cores) divided among the role's workers, and 1 for a reward or environment
+    worker. On a small machine, split the cores."""
     cpus: float = 1.0
     """runtime.engine=ray: CPUs each worker's actor reserves."""
     gpus: float = 0.0

@@ -102,10 +102,14 @@ def _sendable(method: str, status: str, payload: Any, seconds: float) -> tuple[s
 
 
 class EnvWorker:
-    """What an env worker process runs: one env of ``spec`` per slot of ``slots``. An env that
-    cannot be built is an InputError (raised in the pool's process when the worker starts)."""
+    """What an env worker process runs: one env of ``spec`` per slot of ``slots``, on
+    ``threads`` torch threads (the pool's :class:`~reasonrl.runtime.pool.PoolStart`). An env
+    that cannot be built is an InputError (raised in the pool's process when the worker starts)."""
 
-    def __init__(self, spec: _EnvSpec, slots: list[int]) -> None:
+    def __init__(self, spec: _EnvSpec, slots: list[int], threads: int = 1) -> None:
+        import torch  # loaded already in a worker process (forked from the zygote or the forkserver)
+
+        torch.set_num_threads(threads)
         try:
             self.envs = {slot: spec.build() for slot in slots}
         except Exception as e:  # noqa: BLE001 - every failure to build an env is the env's input
@@ -154,7 +158,7 @@ class EnvPool:
             return
         count = min(workers.count, size)
         self._slots = [list(range(w, size, count)) for w in range(count)]
-        self._pool = workers(EnvWorker, [(self._spec, slots) for slots in self._slots])
+        self._pool = workers(EnvWorker, [(self._spec, slots, workers.threads) for slots in self._slots])
 
     @classmethod
     def from_config(cls, env: EnvConfig, size: int, workers: Callable[..., Any] | None = None) -> EnvPool:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import torch
+
 from reasonrl.config import RewardConfig
 from reasonrl.errors import LimitError, error_line
 from reasonrl.reward.base import Grade, Grader, Grades
@@ -28,9 +30,11 @@ class RewardFailureError(LimitError, RuntimeError):
 
 
 class GraderWorker:
-    """What a reward worker process (or Ray actor) runs: the grader of ``reward``, one sample a call."""
+    """What a reward worker process (or Ray actor) runs: the grader of ``reward``, one sample a
+    call, on ``threads`` torch threads (the pool's :class:`~reasonrl.runtime.pool.PoolStart`)."""
 
-    def __init__(self, reward: RewardConfig) -> None:
+    def __init__(self, reward: RewardConfig, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
         self.grader = Grader.from_config(reward)
 
     def grade(self, text: str, truth: str, row: dict[str, Any]) -> Grade:
@@ -70,7 +74,7 @@ class RewardPool:
     def _workers(self):
         """The workers' :class:`~reasonrl.runtime.pool.WorkerPool`, started at the first call."""
         if self._pool is None:
-            self._pool = self._start(GraderWorker, [(self.reward,)] * self._start.count)
+            self._pool = self._start(GraderWorker, [(self.reward, self._start.threads)] * self._start.count)
         return self._pool
 
     def score(self, texts: list[str], ground_truths: list[str], rows: list[dict[str, Any]] | None = None) -> Grades:

@@ -200,7 +200,8 @@ class PoolStart:
     ``resources`` and ``placement`` lists of
     :meth:`~reasonrl.runtime.ray.Reservation.options`, or Ray's defaults when None), each
     call bounded by ``timeout_s`` and starting a worker by ``start_timeout_s``, workers
-    replaced under ``restarts``, restarts reported to ``emit``.
+    replaced under ``restarts``, restarts reported to ``emit``; each worker runs ``threads``
+    torch threads (the worker sets them as it starts: ``GraderWorker``, ``EnvWorker``).
 
     ``start(factory, args_per_worker)`` builds one worker per entry, ``factory(*args)`` (a
     module-level callable: the processes import it), and returns their :class:`WorkerPool`.
@@ -215,6 +216,7 @@ class PoolStart:
     restarts: RestartPolicy = RestartPolicy()
     ray_options: dict[str, list] | None = field(default=None, compare=False)
     emit: Callable[..., None] | None = field(default=None, compare=False)
+    threads: int = 1
 
     def __post_init__(self) -> None:
         key = f"runtime.roles.{self.role}"

@@ -22,7 +22,9 @@ on this machine) the rollout side takes half the cores and the trainer the rest,
 never spin more threads than there are cores. Where one waits for the other (staleness 0) each
 takes every core in its turn.
 
-Reward and environment workers belong to the pool that uses them (``count`` is per pool),
+Reward and environment workers grade text and step environments: :data:`POOL_THREADS` torch
+threads each unless their role's ``threads`` says otherwise, so their pools stay off the cores
+the trainer and the rollout workers split. They belong to the pool that uses them (``count`` is per pool),
 started by :func:`pool_start`: the reward workers of the rollout producer and those of
 validation are two pools, processes of the controller's process, or Ray actors placed by
 ``runtime.roles.reward`` with ``runtime.engine=ray`` (each pool in bundles of its own); the
@@ -46,6 +48,11 @@ ROLES = ("policy", "reference", "critic", "rollout", "reward", "env")
 """Every role a run can have, in the order the plan lists them."""
 
 WHERE = ("inline", "thread", "process", "ray")
+
+
+POOL_THREADS = 1
+"""Torch threads of each reward and environment worker process (their role's ``threads`` key
+overrides it)."""
 
 
 @dataclass(frozen=True)
@@ -156,10 +163,12 @@ def plan(cfg: Config) -> Topology:
         add("rollout", remote, rollout.count, f"{cfg.rollout.backend} backend, weights of their own",
             threads=rollout.threads or max(1, rollout_cores // rollout.count))
     if roles.reward.count:
-        add("reward", remote, roles.reward.count, "a pool for the rollout producer and one for validation", pools=2)
+        add("reward", remote, roles.reward.count, "a pool for the rollout producer and one for validation", pools=2,
+            threads=roles.reward.threads or POOL_THREADS)
     elif reward_workers(cfg):
         add("reward", "process", 1, f"{', '.join(unbounded_rewards(cfg))}: no time limit of its own, so one worker "
-            "process per pool (the rollout producer's and validation's), killed at its timeout", pools=2)
+            "process per pool (the rollout producer's and validation's), killed at its timeout", pools=2,
+            threads=roles.reward.threads or POOL_THREADS)
     else:
         unlimited = unlimited_rewards(cfg)
         add("reward", "inline", 1, f"{', '.join(unlimited)}: graded on the rollout producer's thread, no time limit "
@@ -168,7 +177,7 @@ def plan(cfg: Config) -> Topology:
     if cfg.env.name:
         if roles.env.count:
             add("env", "process", roles.env.count, "environment processes of each rollout worker"
-                + (", inside its actor" if engine == "ray" else ""))
+                + (", inside its actor" if engine == "ray" else ""), threads=roles.env.threads or POOL_THREADS)
         else:
             add("env", "inline", 1, "stepped in each rollout worker; no time limit per step")
     return Topology(engine, out)
@@ -243,7 +252,8 @@ def pool_start(role: RolePlan, *, part: int = 0, reservation=None, emit: Callabl
     if role.where == "ray" and reservation is not None:
         mine = slice(part * role.count, (part + 1) * role.count)
         options = {name: per_actor[mine] for name, per_actor in reservation.options(role.role).items()}
-    return PoolStart(role.role, role.count, role.timeout_s, role.where, ray_options=options, emit=emit)
+    return PoolStart(role.role, role.count, role.timeout_s, role.where, ray_options=options, emit=emit,
+                     threads=role.threads or POOL_THREADS)
 
 
 def _fmt(x: float) -> str:

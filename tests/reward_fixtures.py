@@ -43,3 +43,10 @@ def slow_coin(response: str, ground_truth: str) -> dict:
     """``coin``, 10 ms a response: a tiny run's steps last long enough to be caught mid-way."""
     time.sleep(0.01)
     return coin(response, ground_truth)
+
+
+def torch_threads(response: str, ground_truth: str) -> dict:
+    """Right when the response is the ground truth; reports the torch threads of the grading process."""
+    import torch
+
+    return {"score": 1.0 if response == ground_truth else -1.0, "threads": torch.get_num_threads()}

@@ -119,3 +119,10 @@ def test_worker_processes_grade_rows_like_this_process():
     assert got.scores.tolist() == expected.scores.tolist() == pytest.approx([1.1, 1.0])
     assert got.preds == expected.preds == ["gsm8k:7", "2"]
     assert got.extras == expected.extras == [{"chars": 7, "format": 1.0}, {"format": 0.0}]
+
+
+def test_a_reward_worker_process_runs_the_torch_threads_of_its_pool():
+    cfg = RewardConfig(fn="tests.reward_fixtures:torch_threads")
+    for threads in (1, 2):
+        with RewardPool(cfg, PoolStart("reward", 1, 30, threads=threads)) as pool:
+            assert pool.score(["a"], ["a"]).extras == [{"threads": threads}]

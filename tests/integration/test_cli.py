@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -57,17 +56,15 @@ def test_version(capsys):
 
 
 def test_a_dry_run_with_a_bad_data_path_fails_at_once_without_loading_a_model(tmp_path):
-    """In a fresh interpreter: exit 2 naming the path, in a fraction of the 5 s the user may
-    wait, and neither transformers nor any model weights were loaded."""
+    """In a fresh interpreter: exit 2 naming the path, with neither torch nor transformers nor
+    any model weights loaded (no wall time is asserted: a busy machine would fail it)."""
     script = ("import sys; from reasonrl.cli import main; code = main(sys.argv[1:]); "
               "print(code, 'transformers' in sys.modules, 'torch' in sys.modules)")
-    began = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", script, "train", "dapo", "--dry-run", "data.source=/nonexistent/train.parquet",
                            f"run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    elapsed = time.perf_counter() - began
+    # reported before torch or transformers load (what makes it quick, on any machine)
     assert proc.stdout.split() == ["2", "False", "False"], proc.stdout + proc.stderr
     assert "data.source = '/nonexistent/train.parquet': no such file" in proc.stderr
-    assert elapsed < 5, f"a bad data path took {elapsed:.1f} s to report"
     assert not (tmp_path / "run").exists()
 
 

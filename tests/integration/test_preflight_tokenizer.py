@@ -12,10 +12,28 @@ from reasonrl.errors import InputError
 from reasonrl.preflight import preflight
 
 
-def qwen2_with_own_tokenizer(out):
-    """A qwen2 model directory with a generic (character-level) tokenizer: AutoTokenizer of a qwen2
+def char_tokenizer():
+    """The embedded character-level tokenizer."""
+    return build_char_tokenizer()
+
+
+def bpe_tokenizer():
+    """A byte-level BPE trained here on the task's text (a model's own BPE, as a user brings one)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    texts = [f"{a}+{b}=?\n{a % 10}+{b % 10}\nAnswer: {a + b}" for a in range(10, 60) for b in range(10, 30)]
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<eos>", "<unk>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def qwen2_with_own_tokenizer(out, tok):
+    """A qwen2 model directory with a tokenizer of its own (not Qwen2's): AutoTokenizer of a qwen2
     directory builds a Qwen2Tokenizer, which tokenises differently from the tokenizer training uses."""
-    tok = build_char_tokenizer()
     config = Qwen2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=64, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, max_position_embeddings=256)
@@ -24,8 +42,9 @@ def qwen2_with_own_tokenizer(out):
     return out
 
 
-def test_a_model_whose_export_would_fail_is_refused_before_training(tmp_path, model_dir):
-    qwen2 = qwen2_with_own_tokenizer(tmp_path / "qwen2")
+@pytest.mark.parametrize("tokenizer", [char_tokenizer, bpe_tokenizer])
+def test_a_model_whose_export_would_fail_is_refused_before_training(tmp_path, model_dir, tokenizer):
+    qwen2 = qwen2_with_own_tokenizer(tmp_path / "qwen2", tokenizer())
     cfg = load(None, [f"model.path={qwen2}", f"run.dir={tmp_path / 'run'}"])
     with pytest.raises(InputError, match=r"^model\.path=.*qwen2: the run would train and then fail writing final/, "
                                          r"because AutoTokenizer\.from_pretrained loads a Qwen2Tokenizer"):

@@ -50,3 +50,15 @@ def torch_threads(response: str, ground_truth: str) -> dict:
     import torch
 
     return {"score": 1.0 if response == ground_truth else -1.0, "threads": torch.get_num_threads()}
+
+
+def exits(response: str, ground_truth: str) -> dict:
+    """Calls sys.exit(3): a reward function that ends its process instead of returning."""
+    import sys
+
+    sys.exit(3)
+
+
+def interrupts(response: str, ground_truth: str) -> dict:
+    """Raises KeyboardInterrupt, as if Ctrl-C had been pressed while it graded."""
+    raise KeyboardInterrupt

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -117,7 +118,8 @@ class Grade:
 class Grader:
     """A default reward function, functions per data source and an optional format rule as
     one callable (what ``reward.*`` configures: :meth:`from_config`); :meth:`grade` never
-    raises for anything a reward function does (``sys.exit()`` included; Ctrl-C is the run's)."""
+    raises for anything a reward function does (``sys.exit()`` included, and a KeyboardInterrupt
+    off the main thread; on it, Ctrl-C is the run's)."""
 
     def __init__(self, default: RewardFn, by_source: dict[str, RewardFn] | None = None,
                  format_check: Callable[[str], bool] | None = None, format_score: float = 0.0,
@@ -163,6 +165,10 @@ class Grader:
             return self.failed(f"{type(e).__name__}: {e}")
         except SystemExit as e:  # sys.exit() in a reward function ends this sample's grading, not the run
             return self.failed(f"the reward function called sys.exit({e.code!r})")
+        except KeyboardInterrupt:
+            if threading.current_thread() is threading.main_thread():
+                raise  # Ctrl-C arrives on the main thread: the run's to handle
+            return self.failed("the reward function raised KeyboardInterrupt")
         score = self.rescale(score)
         if self.format_check is not None:
             formatted = self.format_check(response)

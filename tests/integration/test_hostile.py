@@ -68,6 +68,22 @@ def test_a_ray_that_fails_to_import_ends_a_supervised_run_with_one_exit_2_line_a
     assert not run.exists()
 
 
+def test_a_reward_function_that_calls_sys_exit_ends_a_supervised_run_with_one_exit_2_line_and_no_restart(model_dir,
+                                                                                                        tmp_path):
+    """Each sample it grades fails (sys.exit ends the grading, not the trainer); past
+    resilience.reward_max_failures in a row the run ends: exit 2, the last failure named, never
+    restarted (it would fail again)."""
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run),
+                           "reward.fn=tests.reward_fixtures:exits", "resilience.reward_max_failures=4"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "samples in a row failed" in last and "the reward function called sys.exit(3)" in last, last
+    assert not {"crash", "recovered", "gave_up"} & {e["kind"] for e in read_jsonl(run / "events.jsonl")}
+
+
 @pytest.mark.parametrize("override, key", [
     ("train.grad_clip=-1", "train.grad_clip"),
     ("train.lr=.inf", "train.lr"),

@@ -4,6 +4,7 @@ reward, GSM8K's rule, and the same grades in reward worker processes."""
 from __future__ import annotations
 
 import sys
+import threading
 
 import pytest
 
@@ -68,6 +69,17 @@ def test_a_reward_function_that_calls_sys_exit_fails_its_sample_not_the_run():
     grades = score_batch(leaves, ["Answer: 12"], ["12"])
     assert grades.failed.tolist() == [True] and grades.scores.tolist() == [-1.0]
     assert grades.errors == ["sample 0: the reward function called sys.exit(3)"]
+
+
+def test_a_keyboard_interrupt_from_a_reward_function_fails_its_sample_off_the_main_thread_only():
+    grader = Grader.from_config(RewardConfig(fn="tests.reward_fixtures:interrupts"))
+    with pytest.raises(KeyboardInterrupt):  # on the main thread it may be Ctrl-C: the run's to handle
+        grader.grade("x", "1")
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(grader.grade("x", "1")))  # as the rollout producer grades
+    thread.start()
+    thread.join(10)
+    assert [(g.failed, g.error) for g in seen] == [(True, "the reward function raised KeyboardInterrupt")]
 
 
 @pytest.mark.parametrize("entries, message", [

@@ -257,17 +257,28 @@ def test_a_full_disk_at_the_metrics_stops_the_supervised_run_with_a_checkpoint_a
     assert json.loads((run / "summary.json").read_text())["incidents"] == {"write_failed": 1}
 
 
-@pytest.mark.parametrize("name", ["samples.jsonl", "tensorboard"])
-def test_a_full_disk_at_the_samples_or_tensorboard_stops_the_run_with_one_line(capsys, model_dir, small_disk, tmp_path,
-                                                                               name):
+@pytest.mark.parametrize("name, override", [("samples.jsonl", "run.keep_samples=4"),
+                                            ("tensorboard", "run.loggers=[tensorboard]"), ("prompts.jsonl", None)])
+def test_a_full_disk_at_the_samples_prompts_or_tensorboard_stops_the_run_with_one_line(capsys, model_dir, small_disk,
+                                                                                       tmp_path, name, override):
     run = tmp_path / "run"
     target = on_a_full_disk(run, small_disk, name, directory=name == "tensorboard")
-    code, err = train(capsys, model_dir, run, "run.loggers=[tensorboard]" if name == "tensorboard" else "run.keep_samples=4",
-                      steps=3)
+    code, err = train(capsys, model_dir, run, *([override] if override else []), steps=3)
     assert_fatal(code, err, f"{target}: cannot write (no space left on device; the file system at {small_disk.resolve()})",
                  f"the run stopped at step 1 and a rerun resumes from {run / 'checkpoints' / 'step_1'}")
     assert [e["path"] for e in read_jsonl(run / "events.jsonl") if e["kind"] == "write_failed"] == [str(target)]
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
+
+
+def test_a_full_disk_before_the_first_step_is_one_line_naming_config_yaml(capsys, model_dir, small_disk):
+    run = small_disk / "run"  # the whole run directory on the full disk: config.yaml is its first file
+    run.mkdir()
+    (run / "run.lock").touch()
+    fill(small_disk)
+    code, err = train(capsys, model_dir, run)
+    assert_fatal(code, err, f"{run / 'config.yaml'}: cannot write (no space left on device; the file system at "
+                            f"{small_disk.resolve()})")
+    assert not (run / "config.yaml").exists() and not (run / "metrics.jsonl").exists()
 
 
 def test_a_final_checkpoint_that_cannot_be_written_is_retried_then_an_error(capsys, model_dir, tmp_path):

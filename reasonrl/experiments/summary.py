@@ -252,7 +252,9 @@ def curves_figure(cells: list[CellSummary], target: float | None) -> Figure | No
     drawn = [c for c in cells if c.curve]
     if not drawn:
         return None
-    fig = Figure(figsize=(9, 5.5))
+    legend_in = 0.2 + 0.2 * (len(drawn) + (target is not None))  # one line a cell (and the target), below the axes
+    height = 5.5 + legend_in
+    fig = Figure(figsize=(9, height))
     ax = fig.subplots()
     for index, c in enumerate(drawn):
         colour = f"C{index % 10}"
@@ -268,9 +270,10 @@ def curves_figure(cells: list[CellSummary], target: float | None) -> Figure | No
     ax.set(title="held-out accuracy (val/acc): mean over seeds; band: 95% t-interval, within [0, 1]", xlabel="step",
            ylabel="val/acc", ylim=(-0.02, 1.02))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     _fit(fig, 1, 1)
+    fig.subplots_adjust(bottom=(0.6 + legend_in) / height)  # the legend below the axes, clear of every band
+    fig.legend(*ax.get_legend_handles_labels(), fontsize="small", loc="lower left", bbox_to_anchor=(0.1, 0.05 / height))
     return fig
 
 

@@ -10,10 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from reasonrl.config import ConfigError
-from reasonrl.experiments.summary import (RunResult, format_table, read_result, summarize, summary_csv, summary_json,
-                                          write_summary)
+from reasonrl.experiments.summary import (RunResult, curves_figure, format_table, read_result, summarize, summary_csv,
+                                          summary_json, write_summary)
 from reasonrl.experiments.sweep import RECIPES, cell_name, parse_sweep, read_sweep
 
 BASE = {"recipe": "grpo", "set": {"train.total_steps": 30, "eval": {"every_steps": 10}}, "seeds": [0, 1]}
@@ -174,6 +175,11 @@ def test_summarize_pairs_seeds_with_the_baseline(tmp_path):
     assert summary_json(equal, cells)["margin"] == 0.06
     for cell in data["cells"]:
         assert {"settings", "final_mean", "final_lo", "final_hi", "diff", "diff_lo", "diff_hi", "verdict"} <= set(cell)
+    curves = curves_figure(cells, 0.5)
+    renderer = FigureCanvasAgg(curves).get_renderer()
+    [legend], [ax] = curves.legends, curves.axes
+    assert len(legend.get_texts()) == 4  # three cells and the target
+    assert legend.get_window_extent(renderer).y1 < ax.get_window_extent(renderer).y0  # below the axes, over no band
     written = write_summary(tmp_path, s, cells)
     assert [p.name for p in written] == ["summary.csv", "summary.json", "report.html", "curves.png", "diffs.png"]
     assert json.loads((tmp_path / "summary.json").read_text())["cells"][1]["verdict"] == "better"

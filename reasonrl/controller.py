@@ -303,20 +303,12 @@ class Controller:
             self.checkpoints.rollback(step, "non-finite updates" if verdict == "rollback" else f"spike in {', '.join(spiked)}")
 
     def advantages(self, scored, mask: torch.Tensor, values: torch.Tensor | None):
-        """(advantages [B, T], returns [B, T] or None) for algo.adv_estimator."""
-        a = self.cfg.algo
-        rollout = scored.rollout
-        if a.adv_estimator in algo.GROUP_ESTIMATORS:
-            adv = algo.GROUP_ESTIMATORS[a.adv_estimator](scored.scores, rollout.group_ids)
-            return adv[:, None] * mask, None
-        token_rewards = rollout.token_rewards
-        if token_rewards is None:
-            token_rewards = algo.outcome_to_token_rewards(scored.scores, rollout.action_mask)
-        if a.adv_estimator == "reinforce_pp":
-            adv, _ = algo.reinforce_pp(token_rewards, rollout.action_mask, a.gamma)
-            return adv * mask, None
-        adv, returns = algo.gae(token_rewards, values, rollout.action_mask, a.gamma, a.lam)
-        return adv * mask, returns
+        """(advantages [B, T], returns [B, T] or None) of algo.adv_estimator
+        (:data:`reasonrl.algo.ESTIMATORS`), zero outside ``mask``."""
+        a, rollout = self.cfg.algo, scored.rollout
+        inputs = algo.AdvantageInputs(scored.scores, rollout.group_ids, rollout.action_mask, mask,
+                                      rollout.token_rewards, values, a.gamma, a.lam)
+        return algo.ESTIMATORS[a.adv_estimator](inputs)
 
     def learning_rate(self, step: int) -> float:
         """Linear warmup over train.warmup_steps, then constant."""

@@ -4,7 +4,9 @@ Imports only torch (and the standard library); no config objects.
 """
 
 from reasonrl.algo.advantages import (
+    ESTIMATORS,
     GROUP_ESTIMATORS,
+    AdvantageInputs,
     batch_normalised,
     dr_grpo,
     gae,
@@ -30,6 +32,8 @@ from reasonrl.algo.shaping import overlong_filter_mask, overlong_penalty
 
 __all__ = [
     "AGG_MODES",
+    "AdvantageInputs",
+    "ESTIMATORS",
     "GROUP_ESTIMATORS",
     "IS_WEIGHTS",
     "KL_KINDS",

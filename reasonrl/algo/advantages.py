@@ -9,6 +9,9 @@ Token-level estimators (``reinforce_pp``, ``gae``) take ``[B, T]`` tensors and a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 from reasonrl.algo.aggregate import masked_whiten
@@ -156,5 +159,60 @@ def gae(
 
 GROUP_ESTIMATORS = {"grpo": grpo, "dr_grpo": dr_grpo, "lite_ppo": lite_ppo, "batch": batch_normalised, "rloo": rloo}
 """The outcome estimators by ``algo.adv_estimator`` name: ``fn(scores [B], group_ids [B]) ->
-advantages [B]`` (broadcast over each sample's tokens by the caller). The token-level ones,
-``reinforce_pp`` and ``gae``, take token rewards (and values) instead."""
+advantages [B]``. The token-level ones, ``reinforce_pp`` and ``gae``, take token rewards (and
+values) instead; :data:`ESTIMATORS` gives every one the same call."""
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an estimator may read, for a batch of B samples of T tokens: ``scores [B]``,
+    ``group_ids [B]``, ``action_mask [B, T]`` (the response's valid tokens), ``loss_mask [B, T]``
+    (those trained on: the action mask less what a filter drops), ``token_rewards [B, T]`` (an
+    environment's per-turn rewards; None: each score at its row's last valid token,
+    :func:`outcome_to_token_rewards`), ``values [B, T]`` (the critic's, for ``gae``), ``gamma``
+    and ``lam``."""
+
+    scores: torch.Tensor
+    group_ids: torch.Tensor
+    action_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    token_rewards: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    gamma: float = 1.0
+    lam: float = 1.0
+
+    def rewards(self) -> torch.Tensor:
+        """The token rewards: given, or each score at its row's last valid token."""
+        if self.token_rewards is not None:
+            return self.token_rewards
+        return outcome_to_token_rewards(self.scores, self.action_mask)
+
+
+Estimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def _outcome(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Estimator:
+    """An outcome estimator on the common call: A[b, t] = fn(scores, group_ids)[b] * loss_mask[b, t]."""
+    def estimate(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+        return fn(x.scores, x.group_ids)[:, None] * x.loss_mask, None
+    return estimate
+
+
+def _reinforce_pp(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """:func:`reinforce_pp` on the common call, its advantages times the loss mask."""
+    adv, _ = reinforce_pp(x.rewards(), x.action_mask, x.gamma)
+    return adv * x.loss_mask, None
+
+
+def _gae(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gae` on the common call: (advantages times the loss mask, returns)."""
+    if x.values is None:
+        raise ValueError("gae needs the critic's values")
+    adv, returns = gae(x.rewards(), x.values, x.action_mask, x.gamma, x.lam)
+    return adv * x.loss_mask, returns
+
+
+ESTIMATORS: dict[str, Estimator] = {**{name: _outcome(fn) for name, fn in GROUP_ESTIMATORS.items()},
+                                    "reinforce_pp": _reinforce_pp, "gae": _gae}
+"""Every estimator by ``algo.adv_estimator`` name, one call: ``ESTIMATORS[name](inputs) ->
+(advantages [B, T], returns [B, T] or None)`` (returns: the critic's targets, ``gae`` only)."""

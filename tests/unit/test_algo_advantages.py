@@ -7,7 +7,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from reasonrl.algo import batch_normalised, dr_grpo, gae, grpo, lite_ppo, outcome_to_token_rewards, reinforce_pp, rloo
+from reasonrl.algo import (GROUP_ESTIMATORS, batch_normalised, dr_grpo, gae, grpo, lite_ppo, outcome_to_token_rewards,
+                           reinforce_pp, rloo)
 
 EPS = 1e-6
 
@@ -228,3 +229,30 @@ def test_outcome_to_token_rewards_matches_loop():
         if valid:
             ref[b, valid[-1]] = scores[b]
     assert torch.equal(outcome_to_token_rewards(scores, mask), ref)
+
+
+def test_every_estimator_is_one_call_of_the_registry_masked_by_the_loss_mask():
+    from typing import get_args, get_type_hints
+
+    from reasonrl.algo import ESTIMATORS, AdvantageInputs
+    from reasonrl.config.schema import AlgoConfig
+
+    assert set(ESTIMATORS) == set(get_args(get_type_hints(AlgoConfig)["adv_estimator"]))  # the config's names, all
+    scores, ids = torch.tensor([1.0, -1.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1])
+    action = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.float32)
+    loss = action.clone()
+    loss[1] = 0  # a filtered row: nothing of it trains
+    values = torch.linspace(-0.5, 0.5, 16).reshape(4, 4)
+    x = AdvantageInputs(scores, ids, action, loss, None, values, gamma=0.9, lam=0.8)
+    for name in GROUP_ESTIMATORS:
+        adv, returns = ESTIMATORS[name](x)
+        assert torch.equal(adv, GROUP_ESTIMATORS[name](scores, ids)[:, None] * loss) and returns is None
+    rewards = outcome_to_token_rewards(scores, action)
+    adv, returns = ESTIMATORS["reinforce_pp"](x)
+    assert torch.equal(adv, reinforce_pp(rewards, action, 0.9)[0] * loss) and returns is None
+    adv, returns = ESTIMATORS["gae"](x)
+    expected, expected_returns = gae(rewards, values, action, 0.9, 0.8)
+    assert torch.equal(adv, expected * loss) and torch.equal(returns, expected_returns)
+    assert not adv[1].any()
+    with pytest.raises(ValueError, match="critic's values"):
+        ESTIMATORS["gae"](AdvantageInputs(scores, ids, action, loss))

@@ -245,8 +245,8 @@ def score_batch(fn: RewardFn | Grader, texts: list[str], ground_truths: list[str
     """Grade each (text, ground truth[, row]) with ``fn`` (a reward function or a Grader).
 
     A sample fails when ``fn`` raises or returns something other than a dict with a finite
-    numeric ``score``; it then gets the range's low end (``FAILURE_SCORE`` by default) and ``acc = False``. A missing ``acc``
-    key means ``score > 0``. Never raises for anything ``fn`` does; different list lengths
+    numeric ``score``; it then gets the range's low end (``FAILURE_SCORE`` by default) and
+    ``acc = False``. A missing ``acc`` key means ``score > 0``. Never raises for anything ``fn`` does; different list lengths
     are a ValueError.
     """
     if len(texts) != len(ground_truths) or (rows is not None and len(rows) != len(texts)):

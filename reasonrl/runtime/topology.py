@@ -24,8 +24,8 @@ takes every core in its turn.
 
 Reward and environment workers grade text and step environments: :data:`POOL_THREADS` torch
 threads each unless their role's ``threads`` says otherwise, so their pools stay off the cores
-the trainer and the rollout workers split. They belong to the pool that uses them (``count`` is per pool),
-started by :func:`pool_start`: the reward workers of the rollout producer and those of
+the trainer and the rollout workers split. They belong to the pool that uses them (``count``
+is per pool), started by :func:`pool_start`: the reward workers of the rollout producer and those of
 validation are two pools, processes of the controller's process, or Ray actors placed by
 ``runtime.roles.reward`` with ``runtime.engine=ray`` (each pool in bundles of its own); the
 environment workers are processes of each rollout worker, on Ray too (inside its actor).
@@ -253,7 +253,7 @@ def pool_start(role: RolePlan, *, part: int = 0, reservation=None, emit: Callabl
         mine = slice(part * role.count, (part + 1) * role.count)
         options = {name: per_actor[mine] for name, per_actor in reservation.options(role.role).items()}
     return PoolStart(role.role, role.count, role.timeout_s, role.where, ray_options=options, emit=emit,
-                     threads=role.threads or POOL_THREADS)
+                     threads=role.threads)
 
 
 def _fmt(x: float) -> str:

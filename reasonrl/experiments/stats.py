@@ -213,8 +213,7 @@ def finding(cell_verdict: str, expect: str | None, lo: float | None = None, hi: 
             raise ValueError("finding: expect 'no difference' needs a margin")
         if lo is not None and hi is not None and -margin <= lo and hi <= margin:
             return "reproduced"
-        return "inconclusive" if cell_verdict == "no difference" else "not reproduced"
-    if cell_verdict == expect:
+    elif cell_verdict == expect:
         return "reproduced"
     return "inconclusive" if cell_verdict == "no difference" else "not reproduced"
 

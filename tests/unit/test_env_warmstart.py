@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import pytest
 import torch
@@ -158,9 +157,7 @@ def test_the_warm_start_is_cached_and_resolve_model_dir_picks_it(cache, monkeypa
         raise AssertionError("trained again")
 
     monkeypatch.setattr(W, "train_env_sft", no_training)
-    start = time.perf_counter()
-    assert W.ensure_env_warm_start(cfg, log=no_training) == out
-    assert time.perf_counter() - start < 1.0
+    assert W.ensure_env_warm_start(cfg, log=no_training) == out  # the cached one: nothing trains
     assert warmstart.resolve_model_dir(cfg, log=no_training) == out
     assert W.env_warm_start_dir(load(None, ["env.name=grid", "env.args.size=4", *TINY_SFT])) != out
     assert W.env_warm_start_dir(load(None, ["env.name=grid", "env.args.size=3", "env.args.holes=1",

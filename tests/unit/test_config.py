@@ -357,17 +357,27 @@ def test_every_refusal_left_in_the_rules_is_about_a_value_or_a_backend():
 
     from reasonrl.config import rules
 
-    source = inspect.getsource(rules.validate)
+    from reasonrl.runtime import topology
+
+    source = "\n".join(inspect.getsource(f) for f in (rules.validate, rules._check_data, rules._check_faults,
+                                                      rules._check_roles))
     calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "_require"]
     refused = sorted({c.args[1].value for c in calls if isinstance(c.args[1], ast.Constant)})
     assert refused == sorted([
-        "algo.eps_high", "algo.overlong_buffer", "env.tool_call_pattern", "env.tool_response_format", "model.dtype",
-        "model.lora.rank", "reward.range", "rollout.backend", "rollout.interrupt", "rollout.max_staleness", "rollout.n",
-        "sft.heads", "sft.kv_heads",
+        "algo.eps_high", "algo.overlong_buffer", "data.mix", "data.mix_floor", "env.tool_call_pattern",
+        "env.tool_response_format", "faults", "model.dtype", "model.lora.rank", "reward.range", "rollout.backend",
+        "rollout.interrupt", "rollout.max_staleness", "rollout.n", "sft.heads", "sft.kv_heads",
         "train.gen_prompts_per_step", "train.micro_batch_size", "train.mini_batch_size", "train.old_logprobs",
         "train.strategy",
     ]), refused
+    # _check_roles' keys are each role's own ranges (count, threads, cpus, gpus, timeout_s, min, max, colocate)
+    role_keys = {c.args[1].values[-1].value for c in calls if isinstance(c.args[1], ast.JoinedStr)}
+    assert role_keys == {".count", ".threads", ".cpus", ".gpus", ".timeout_s", ".min", ".max", ".colocate"}, role_keys
     assert not re.search(r"rollout_workers|reward_workers|runtime\.engine", source)
+    # where roles run refuses one placement only: rollout workers sharing the policy's module, beside
+    # a policy that trains while they generate, or one FSDP shards
+    plan_refusals = re.findall(r'raise InputError\(f?"([^:"]*)', inspect.getsource(topology.plan))
+    assert plan_refusals == ["runtime.roles.rollout.colocate = policy", "runtime.roles.rollout.colocate = policy"]
 
 
 def test_every_fault_kind_in_one_run_is_valid():

@@ -188,11 +188,27 @@ def _check_data(cfg: Config) -> None:
         _require(embedded, key, level, "difficulty levels are the embedded task's (data.source=embedded)", entry)
         _require(family in d.families, key, level, f"{family!r} is not one of data.families {list(d.families)}", entry)
         _require(level in DIFFICULTY_LEVELS, key, level, "must be one of " + ", ".join(DIFFICULTY_LEVELS), entry)
-    if d.mix == "adaptive" and embedded:
+    if d.mix in ("adaptive", "static") and embedded:
         sources = len(set(d.families))
         _require(sources >= 2, "data.mix", d.mix, f"mixes data sources, and data.families {list(d.families)} is one")
-        _require(d.mix_floor <= 1 / sources, "data.mix_floor", d.mix_floor,
-                 f"must be in [0, 1/{sources}] for the {sources} families of data.families (each gets at least the floor)")
+        if d.mix == "adaptive":
+            _require(d.mix_floor <= 1 / sources, "data.mix_floor", d.mix_floor,
+                     f"must be in [0, 1/{sources}] for the {sources} families of data.families (each gets at least "
+                     "the floor)")
+    _require(d.mix == "static" or not d.mix_weights, "data.mix_weights", d.mix_weights,
+             f"fixed weights are read with data.mix=static (data.mix = {d.mix!r})")
+    if d.mix == "static":
+        weights = d.mix_weights
+        _require(bool(weights), "data.mix", d.mix, "draws with the fixed weights of data.mix_weights, which names "
+                 "none: give every data source one ({source: weight}, summing to 1)")
+        _require(all(type(w) in (int, float) and w >= 0 for w in weights.values()), "data.mix_weights", weights,
+                 "every weight must be a number >= 0")
+        _require(abs(sum(weights.values()) - 1.0) <= 1e-6, "data.mix_weights", weights,
+                 f"the weights must sum to 1 (they sum to {sum(weights.values()):g})")
+        if embedded:
+            named = sorted(f"embedded/{f}" for f in set(d.families))
+            _require(sorted(weights) == named, "data.mix_weights", weights,
+                     f"must name exactly the data sources of data.families: {', '.join(named)}")
 
 
 def _check_faults(cfg: Config) -> None:

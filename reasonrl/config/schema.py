@@ -141,16 +141,22 @@ class DataConfig:
     stops; 'left' keeps its last tokens (the end holds the question and the chat template's
     generation prompt), and its first token too when that is the tokenizer's BOS; 'drop'
     leaves the row out. The prompts cut or dropped are counted and printed at the start."""
-    mix: Literal["uniform", "adaptive"] = "uniform"
+    mix: Literal["uniform", "adaptive", "static"] = "uniform"
     """How training prompts are drawn across their data sources (each row's data_source: the
     embedded families, or a dataset's sources). 'uniform': every row once per epoch, so each
     source in proportion to its rows. 'adaptive': each draw first picks a source with the
     sampling weights p, then the next row of that source's own epoch order; the weights move
     after every rollout batch toward the sources that need it (data.mix_by), from equal
-    weights at the start (formulas in reasonrl/data/mixing.py; docs/data.md). Logged every
-    step as data/mix/SOURCE (the weights the step's prompts were drawn with) and
-    data/mix_acc/SOURCE (the accuracy averages after the step's rollout batch, which the next
-    weights come from); checkpointed."""
+    weights at the start (formulas in reasonrl/data/mixing.py; docs/data.md). 'static': the
+    same draws with the fixed weights of data.mix_weights. Logged every step as
+    data/mix/SOURCE (the weights the step's prompts were drawn with) and data/mix_acc/SOURCE
+    (the accuracy averages after the step's rollout batch, which adaptive weights come from);
+    checkpointed."""
+    mix_weights: dict[str, Any] = field(default_factory=dict)
+    """data.mix=static: the sampling weight of every data source of the training data,
+    ``{source: weight}`` (``data.mix_weights={embedded/add: 0.5, embedded/mul: 0.3,
+    embedded/sum: 0.2}``), each >= 0, summing to 1. A sweep over these keys is what
+    ``reasonrl sweep --fit-mix`` fits a mixture law to."""
     mix_by: Literal["gap", "signal"] = "gap"
     """data.mix=adaptive: what a source's need is, from its accuracy average a. 'gap' (DDK's
     discrepancy factor): d = max(data.mix_target - a, 0), the sources that lag the target most

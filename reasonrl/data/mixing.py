@@ -1,5 +1,5 @@
-"""Adaptive domain mixing (``data.mix=adaptive``): per-source accuracy averages and the sampling
-weights they move.
+"""Domain mixing (``data.mix=adaptive``, ``static``): per-source accuracy averages and the
+sampling weights they move (:func:`static_mix`: fixed weights, which nothing moves).
 
     mix = SourceMix(["embedded/add", "embedded/mul"], by="gap", target=1.0, floor=0.05, rate=0.3, ema=0.8)
     mix.observe({"embedded/add": 0.25, "embedded/mul": 0.5})   # a rollout batch's, or a validation's, accuracy
@@ -86,6 +86,18 @@ def held_out_accuracy(metrics: Mapping[str, float]) -> dict[str, float]:
     evaluator logs them when the held-out prompts have several data sources)."""
     prefix = "val/acc/"
     return {key[len(prefix):]: float(value) for key, value in metrics.items() if key.startswith(prefix)}
+
+
+def static_mix(sources: Iterable[str], weights: Mapping[str, float], ema: float) -> "SourceMix":
+    """data.mix=static: the mix of ``sources`` with the fixed ``weights`` (data.mix_weights),
+    p_s = w_s at every draw (no floor, no step: rate 0); the accuracy averages are still kept
+    (logged). InputError naming data.mix_weights when it does not name exactly ``sources``."""
+    mix = SourceMix(sources, by="gap", target=1.0, floor=0.0, rate=0.0, ema=ema)
+    if sorted(weights) != mix.sources:
+        raise InputError(f"data.mix_weights = {dict(weights)!r}: must name exactly the training data's sources "
+                         f"{', '.join(mix.sources)}")
+    mix.weights = [float(weights[s]) for s in mix.sources]
+    return mix
 
 
 class SourceMix:

@@ -152,6 +152,12 @@ def test_a_recipe_that_is_not_utf8_is_a_config_error_naming_its_line(tmp_path):
         ),
         (["train.micro_batch_size=24"], "train.micro_batch_size = 24: must divide train.mini_batch_size = 64"),
         (["train.micro_batch_tokens=-1"], "train.micro_batch_tokens = -1: must be >= 0"),
+        (["data.mix=static"], "data.mix = 'static': draws with the fixed weights of data.mix_weights, which names none"),
+        (["data.mix=static", "data.mix_weights={embedded/add: 0.5, embedded/mul: 0.3}"],
+         "data.mix_weights = {'embedded/add': 0.5, 'embedded/mul': 0.3}: the weights must sum to 1 (they sum to 0.8)"),
+        (["data.mix=static", "data.mix_weights={embedded/add: 0.5, embedded/mul: 0.5}"],
+         "must name exactly the data sources of data.families: embedded/add, embedded/mul, embedded/sum"),
+        (["data.mix_weights={embedded/add: 1.0}"], "fixed weights are read with data.mix=static (data.mix = 'uniform')"),
         (["reward.range=[1, 0]"], "reward.range = (1.0, 0.0): must be [wrong, right], two finite numbers with wrong < right"),
         (["reward.range=[0, 1, 2]"], "reward.range = (0.0, 1.0, 2.0): must be [wrong, right]"),
         (["reward.range=[0, 1]", "reward.fn=tests.reward_fixtures:coin"],
@@ -364,7 +370,7 @@ def test_every_refusal_left_in_the_rules_is_about_a_value_or_a_backend():
     calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "_require"]
     refused = sorted({c.args[1].value for c in calls if isinstance(c.args[1], ast.Constant)})
     assert refused == sorted([
-        "algo.eps_high", "algo.overlong_buffer", "data.mix", "data.mix_floor", "env.tool_call_pattern",
+        "algo.eps_high", "algo.overlong_buffer", "data.mix", "data.mix_floor", "data.mix_weights", "env.tool_call_pattern",
         "env.tool_response_format", "faults", "model.dtype", "model.lora.rank", "reward.range", "rollout.backend",
         "rollout.interrupt", "rollout.max_staleness", "rollout.n", "sft.heads", "sft.kv_heads",
         "train.gen_prompts_per_step", "train.micro_batch_size", "train.mini_batch_size", "train.old_logprobs",

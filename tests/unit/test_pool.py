@@ -8,6 +8,7 @@ import pytest
 from reasonrl.config import DataConfig
 from reasonrl.data.pool import PromptPool, hashed_uniform, pick
 from reasonrl.data.sampler import PromptSampler
+from reasonrl.errors import InputError
 
 SOURCES = ["a"] * 10 + ["b"] * 10  # rows 0..9 from a, 10..19 from b
 
@@ -56,6 +57,22 @@ def test_adaptive_state_restores_the_same_draws_and_weights():
         PromptPool(DataConfig(), SOURCES, seed=5).load_state_dict(state)
     with pytest.raises(ValueError, match=r"it draws from the sources \['a', 'b'\], this run's data has \['a', 'c'\]"):
         PromptPool(skewed(curriculum_window=1, curriculum_revisit=2), ["a"] * 10 + ["c"] * 10, seed=5).load_state_dict(state)
+
+def test_static_draws_follow_the_fixed_weights_which_no_batch_moves():
+    data = DataConfig(mix="static", mix_weights={"a": 0.8, "b": 0.2})
+    pool = PromptPool(data, SOURCES, seed=0)
+    rows = pool.next(1000)
+    assert 770 <= sum(row < 10 for row in rows) <= 830  # about 800 from a (sd 13)
+    metrics = pool.end_batch([(0, 1, 4), (10, 3, 4)])
+    assert metrics == {"data/mix/a": 0.8, "data/mix/b": 0.2, "data/mix_acc/a": 0.25, "data/mix_acc/b": 0.75}
+    assert pool.mix.probabilities() == [0.8, 0.2]  # the accuracies moved nothing
+    restored = PromptPool(data, SOURCES, seed=0)
+    restored.load_state_dict(pool.state_dict())
+    assert restored.next(50) == pool.next(50)
+    with pytest.raises(InputError, match=r"data\.mix_weights = \{'a': 1\.0\}: must name exactly the training data's "
+                                         r"sources a, b"):
+        PromptPool(DataConfig(mix="static", mix_weights={"a": 1.0}), SOURCES, seed=0)
+
 
 def test_curriculum_passes_over_resting_prompts_until_they_return():
     pool = PromptPool(DataConfig(curriculum_window=1, curriculum_revisit=1), ["s"] * 4, seed=0)

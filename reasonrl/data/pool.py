@@ -7,9 +7,9 @@ sources (``data.mix``) and the curriculum (``data.curriculum_window``).
     pool.state_dict(); pool.load_state_dict(state)
 
 ``data.mix=uniform`` draws every row once per epoch in the order of one
-:class:`~reasonrl.data.sampler.PromptSampler` (seeded with ``seed``). ``data.mix=adaptive``
-(and ``static``) keeps one PromptSampler per source (each seeded with a hash of ``seed`` and the source) and
-makes draw number d pick a source first: the one whose interval of the cumulative sampling
+:class:`~reasonrl.data.sampler.PromptSampler` (seeded with ``seed``). ``data.mix=adaptive`` (and
+``static``) keeps one PromptSampler per source (each seeded with a hash of ``seed`` and the
+source) and makes draw number d pick a source first: the one whose interval of the cumulative sampling
 weights p (:class:`~reasonrl.data.mixing.SourceMix`) holds u_d, a number in [0, 1) hashed from
 ``(seed, d)``; then it takes that source's next row. With the curriculum on, the samplers pass
 over the resting prompts (:class:`~reasonrl.data.curriculum.Curriculum`), a source all of whose
@@ -63,10 +63,12 @@ class PromptPool:
         self.seed = seed
         self.curriculum = Curriculum(data.curriculum_window, data.curriculum_revisit) if data.curriculum_window else None
         self.mix: SourceMix | None = None
-        if data.mix in ("adaptive", "static"):
-            self.mix = (static_mix(sources, data.mix_weights, data.mix_ema) if data.mix == "static" else
-                        SourceMix(sources, by=data.mix_by, target=data.mix_target, floor=data.mix_floor,
-                                  rate=data.mix_rate, ema=data.mix_ema))
+        if data.mix == "static":
+            self.mix = static_mix(sources, data.mix_weights, data.mix_ema)
+        elif data.mix == "adaptive":
+            self.mix = SourceMix(sources, by=data.mix_by, target=data.mix_target, floor=data.mix_floor,
+                                 rate=data.mix_rate, ema=data.mix_ema)
+        if self.mix is not None:
             self.rows = {s: [i for i, src in enumerate(sources) if src == s] for s in self.mix.sources}
             self.samplers = {s: PromptSampler(len(rows), _source_seed(seed, s)) for s, rows in self.rows.items()}
             self.drawn = 0

@@ -309,17 +309,19 @@ def line_figure(runs: list[Run], panels: list[Panel]) -> Figure | None:
     for index, run in enumerate(runs):
         if any(run.series(key)[0] for panel in drawn for key, _ in panel.lines):
             _mark_events(axes[: len(drawn)], run, _colour(index))
-    legend = _legend_inches(axes[: len(drawn)])
-    fig.set_size_inches(fig.get_size_inches()[0] + cols * legend, fig.get_size_inches()[1])
-    _fit(fig, rows, cols, legend=legend)
+    _fit_beside(fig, axes[: len(drawn)], rows, cols)
     return fig
 
 
-def _legend_inches(axes: list[Axes]) -> float:
-    """The width a legend beside any of ``axes`` takes: its handle and padding, and its longest
-    label at about 0.07 inches a character (matplotlib's small font)."""
+def _fit_beside(fig: Figure, axes: list[Axes], rows: int, cols: int) -> None:
+    """:func:`_fit` with room for a legend beside each of ``axes``, the figure widened by it: the
+    legend's handle and padding, and its longest label at about 0.07 inches a character
+    (matplotlib's small font)."""
     longest = max((len(label) for ax in axes for label in ax.get_legend_handles_labels()[1]), default=0)
-    return 0.7 + 0.07 * longest
+    legend = 0.7 + 0.07 * longest
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width + cols * legend, height)
+    _fit(fig, rows, cols, legend=legend)
 
 
 def _legend_beside(ax: Axes, **kwargs) -> None:
@@ -474,9 +476,7 @@ def forecast_figure(runs: list[Run], forecasts: list[Forecast | str]) -> Figure 
         a.grid(alpha=0.3)
         _legend_beside(a)
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
-    legend = _legend_inches(list(axes))
-    fig.set_size_inches(fig.get_size_inches()[0] + legend, fig.get_size_inches()[1])
-    _fit(fig, len(axes), 1, legend=legend)
+    _fit_beside(fig, list(axes), len(axes), 1)
     return fig
 
 

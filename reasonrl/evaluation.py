@@ -41,7 +41,7 @@ from tqdm import tqdm
 from reasonrl.algo.evaluation import majority_vote, mean_stderr, pass_at_k
 from reasonrl.checkpoint.export import export_model, select_checkpoint
 from reasonrl.config import Config
-from reasonrl.config.rules import reward_workers
+from reasonrl.config.rules import env_workers, reward_workers
 from reasonrl.models.loading import load_tokenizer, model_context
 from reasonrl.warmstart import resolve_model_dir
 from reasonrl.data.sources import TEST_SPLITS
@@ -315,7 +315,7 @@ def _evaluate_model(cfg: Config, source: ModelSource, datasets: list[Dataset]) -
     roles = cfg.runtime.roles
     reward = RewardWorker(cfg, source.path, _processes("reward", reward_workers(cfg), roles.reward.timeout_s))
     try:
-        rollout = RolloutWorker(cfg, source.path, env_workers=_processes("env", roles.env.count, roles.env.timeout_s))
+        rollout = RolloutWorker(cfg, source.path, env_workers=_processes("env", env_workers(cfg), roles.env.timeout_s))
         try:
             evaluator = Evaluator(cfg, rollout, reward, prompts, ids, rows=len(prompts))
             with tqdm(total=len(prompts), desc=f"eval {source.name}", unit="prompt", file=sys.stderr,

@@ -62,3 +62,10 @@ def exits(response: str, ground_truth: str) -> dict:
 def interrupts(response: str, ground_truth: str) -> dict:
     """Raises KeyboardInterrupt, as if Ctrl-C had been pressed while it graded."""
     raise KeyboardInterrupt
+
+
+def stuck_coin(response: str, ground_truth: str) -> dict:
+    """``coin``, but a response whose hash's first byte is a multiple of 4 hangs for an hour."""
+    if hashlib.sha256(response.encode()).digest()[0] % 4 == 0:
+        time.sleep(3600)
+    return coin(response, ground_truth)

@@ -13,6 +13,7 @@ from reasonrl.config.capabilities import can, cannot
 from reasonrl.config.faults import RANK_FAULTS, STAGES, parse_specs
 from reasonrl.config.schema import DIFFICULTY_LEVELS, Config, ConfigError
 from reasonrl.errors import InputError
+from reasonrl.plugins import is_plugin_spec
 
 
 def validate(cfg: Config) -> None:
@@ -115,25 +116,17 @@ the sandbox under reward.code_timeout_s)."""
 UNBOUNDED_REWARDS = ("math_verify",)
 """The built-in reward functions a hostile answer can keep busy for ever: ``math_verify``
 (SymPy evaluates a power tower for minutes, holding the interpreter's lock). Only a process
-killed at its deadline bounds them in every thread and runtime, so they get one even at
-``runtime.roles.reward.count=0``. An import-path function is the user's own code: at count 0
-it is graded in the caller's thread with no time limit (the plan says so), count >= 1 bounds it."""
+killed at its deadline bounds a call in every thread and runtime, so these, and every
+import-path function (the user's own code), get one even at ``runtime.roles.reward.count=0``."""
 
 
 def unbounded_rewards(cfg: Config) -> list[str]:
-    """The functions of reward.fn and reward.by_source (``'SOURCE=FN'`` entries) in
-    :data:`UNBOUNDED_REWARDS`; none for an env run (its episodes are graded by their return)."""
+    """The functions of reward.fn and reward.by_source (``'SOURCE=FN'`` entries) that are not
+    :data:`BOUNDED_REWARDS`: :data:`UNBOUNDED_REWARDS` and import paths; none for an env run
+    (its episodes are graded by their return)."""
     if cfg.env.name:
         return []
-    return list(dict.fromkeys(s for s in _reward_specs(cfg) if s in UNBOUNDED_REWARDS))
-
-
-def unlimited_rewards(cfg: Config) -> list[str]:
-    """The functions of reward.fn and reward.by_source that run with no time limit where they
-    are graded in the caller's thread (import paths); none for an env run."""
-    if cfg.env.name:
-        return []
-    return list(dict.fromkeys(s for s in _reward_specs(cfg) if s not in BOUNDED_REWARDS + UNBOUNDED_REWARDS))
+    return list(dict.fromkeys(s for s in _reward_specs(cfg) if s not in BOUNDED_REWARDS))
 
 
 def _reward_specs(cfg: Config) -> list[str]:
@@ -144,9 +137,19 @@ def _reward_specs(cfg: Config) -> list[str]:
 def reward_workers(cfg: Config) -> int:
     """Reward worker processes per pool: ``runtime.roles.reward.count``; where that is 0, one
     when some function is unbounded (:func:`unbounded_rewards`: every call of it then has
-    ``runtime.roles.reward.timeout_s``), else 0 (graded in the caller's thread)."""
+    ``runtime.roles.reward.timeout_s``), else 0 (graded in the caller's thread: the rules
+    of :data:`BOUNDED_REWARDS` end in bounded time by construction)."""
     count = cfg.runtime.roles.reward.count
     return count or (1 if unbounded_rewards(cfg) else 0)
+
+
+def env_workers(cfg: Config) -> int:
+    """Environment worker processes per rollout worker: ``runtime.roles.env.count``; where that
+    is 0, one for an import-path environment (the user's code: every reset and step then has
+    ``runtime.roles.env.timeout_s``), else 0 (a shipped environment, bounded by construction,
+    stepped in the rollout worker)."""
+    count = cfg.runtime.roles.env.count
+    return count or (1 if cfg.env.name and is_plugin_spec(cfg.env.name) else 0)
 
 
 def _check_roles(cfg: Config) -> None:

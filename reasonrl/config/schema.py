@@ -656,10 +656,9 @@ class RewardRoleConfig(RoleConfig):
 
     count: int = 0
     """Reward worker processes (Ray actors with runtime.engine=ray) per pool, each sample
-    bounded by timeout_s; 0: graded on the rollout producer's thread (no time limit: the rules
-    dapo, boxed, gsm8k and code end in bounded time by construction, an import-path function
-    is on its own), except math_verify, which a hostile answer can keep busy for ever: it then
-    gets one worker process per pool."""
+    bounded by timeout_s; 0: the rules dapo, boxed, gsm8k and code (bounded by construction)
+    graded on the rollout producer's thread, and math_verify (which a hostile answer can keep
+    busy for ever) or an import-path function (the user's code) in one worker process per pool."""
     timeout_s: float = 10.0
     """A sample whose reward takes longer is scored as failed (FAILURE_SCORE, counted in
     reward/timeouts); its worker is killed and replaced."""
@@ -670,8 +669,9 @@ class EnvRoleConfig(RoleConfig):
     """Environment workers: processes of each rollout worker stepping its episodes (env.name)."""
 
     count: int = 2
-    """Environment worker processes per rollout worker; 0: stepped in the rollout worker,
-    without time limits."""
+    """Environment worker processes per rollout worker, each reset and step bounded by
+    timeout_s; 0: a shipped environment (bounded by construction) stepped in the rollout
+    worker, an import-path environment (the user's code) in one worker process."""
     timeout_s: float = 10.0
     """A reset or step that takes longer ends its episode as failed; the worker is replaced."""
 

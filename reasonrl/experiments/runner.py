@@ -60,6 +60,7 @@ from reasonrl.experiments.summary import RunResult, format_table, read_result, s
 from reasonrl.experiments.sweep import Sweep, SweepRun, read_sweep
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
 from reasonrl.preflight import preflight, run_state
+from reasonrl.runtime.process import start_worker_processes
 
 SPEC_FILE = "sweep.json"
 """The resolved sweep, written at each start (``reasonrl sweep --status`` reads it)."""
@@ -132,7 +133,11 @@ def train_run(cfg: Config) -> int | None:
 
 
 class SweepWorker:
-    """A worker process of ``sweep.parallel`` > 1: trains the runs it is handed, one at a time."""
+    """A worker process of ``sweep.parallel`` > 1: trains the runs it is handed, one at a time,
+    their workers started by a fork of this process (prepared as it starts, with one thread)."""
+
+    def __init__(self) -> None:
+        start_worker_processes(("reasonrl.build",))
 
     def train(self, cfg: Config) -> int | None:
         return train_run(cfg)
@@ -322,6 +327,9 @@ def run_sweep(sweep: Sweep, root: Path, log: Callable[[str], None] = print) -> i
         if pending:
             with _quiet_model_loading():
                 _prepare(pending, log)
+                # the runs' workers (and the sweep's worker processes) start by a fork of this
+                # process, which has imported what they need, while it runs one thread
+                start_worker_processes(("reasonrl.build", __name__))
                 progress = _Progress(len(planned), len(planned) - len(pending), events)
                 queue = deque(pending)
                 try:

@@ -7,8 +7,9 @@
 
 A role runs ``inline`` (in the controller's process, called in the caller's thread: the
 policy's rank 0, the reference and critic on one machine, reward grading with
-``runtime.roles.reward.count=0`` (but ``math_verify``, which always gets a worker process), and
-environments with no workers of their own), on a ``thread`` of the controller's process (rollout workers
+``runtime.roles.reward.count=0`` by a rule that ends in bounded time (``math_verify`` and an
+import-path function always get a worker process), and the shipped environments with no
+workers of their own), on a ``thread`` of the controller's process (rollout workers
 colocated with the policy: they sample from the policy's own module, so they exist only at
 staleness 0), in a ``process`` of its own (rollout workers with their own weights, reward
 and environment workers, trainer ranks 1..N-1) or as a ``ray`` actor (every role but the
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reasonrl.config import Config
-from reasonrl.config.rules import reward_workers, rollout_shares_policy, unbounded_rewards, unlimited_rewards
+from reasonrl.config.rules import env_workers, reward_workers, rollout_shares_policy, unbounded_rewards
 from reasonrl.errors import InputError
 from reasonrl.runtime.group import LocalGroup, ThreadGroup
 from reasonrl.runtime.pool import PoolStart
@@ -170,16 +171,16 @@ def plan(cfg: Config) -> Topology:
             "process per pool (the rollout producer's and validation's), killed at its timeout", pools=2,
             threads=roles.reward.threads or POOL_THREADS)
     else:
-        unlimited = unlimited_rewards(cfg)
-        add("reward", "inline", 1, f"{', '.join(unlimited)}: graded on the rollout producer's thread, no time limit "
-            "per sample (runtime.roles.reward.count >= 1 gives one)" if unlimited else
-            f"{cfg.reward.fn}: graded on the rollout producer's thread, a rule that ends in bounded time")
+        add("reward", "inline", 1, f"{cfg.reward.fn}: graded on the rollout producer's thread, a rule that ends in "
+            "bounded time")
     if cfg.env.name:
-        if roles.env.count:
-            add("env", "process", roles.env.count, "environment processes of each rollout worker"
-                + (", inside its actor" if engine == "ray" else ""), threads=roles.env.threads or POOL_THREADS)
+        if env_workers(cfg):
+            add("env", "process", env_workers(cfg), "environment processes of each rollout worker"
+                + (", inside its actor" if engine == "ray" else "")
+                + ("" if roles.env.count else f" ({cfg.env.name}: the user's code, so one, killed at its timeout)"),
+                threads=roles.env.threads or POOL_THREADS)
         else:
-            add("env", "inline", 1, "stepped in each rollout worker; no time limit per step")
+            add("env", "inline", 1, "stepped in each rollout worker: a shipped environment, bounded by construction")
     return Topology(engine, out)
 
 

@@ -82,7 +82,9 @@ def test_a_reset_that_hangs_floods_or_raises_fails_the_pre_start_check_with_one_
 
 
 def test_environments_that_hang_or_raise_end_their_episodes_as_failed_and_the_run_completes(tmp_path):
-    run_dir, rows = _run(tmp_path, "env.name=tests.env_fixtures:FlakyBySeed", "env.max_turns=1", "runtime.roles.env.count=2",
+    """At runtime.roles.env.count=0 an import-path environment still steps in a worker process,
+    killed at runtime.roles.env.timeout_s (tests/unit/test_env.py drives pools of several)."""
+    run_dir, rows = _run(tmp_path, "env.name=tests.env_fixtures:FlakyBySeed", "env.max_turns=1", "runtime.roles.env.count=0",
                          "runtime.roles.env.timeout_s=1.0")
     steps = [r for r in rows if "actor/grad_norm" in r]
     assert len(steps) == 3

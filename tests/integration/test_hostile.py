@@ -84,6 +84,20 @@ def test_a_reward_function_that_calls_sys_exit_ends_a_supervised_run_with_one_ex
     assert not {"crash", "recovered", "gave_up"} & {e["kind"] for e in read_jsonl(run / "events.jsonl")}
 
 
+def test_an_import_path_reward_that_hangs_is_cut_at_its_time_limit_at_the_default_count(capsys, model_dir, tmp_path):
+    """runtime.roles.reward.count=0 (the default) still grades an import-path function in a
+    worker process, killed at runtime.roles.reward.timeout_s: each hanging sample is a recorded
+    timeout failure, the run trains on."""
+    run = tmp_path / "run"
+    code, err = train(capsys, model_dir, run, "reward.fn=tests.reward_fixtures:stuck_coin",
+                      "runtime.roles.reward.timeout_s=1", "resilience.reward_max_failures=100", steps=2)
+    assert code == 0, err
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["step"] > 0]
+    assert len(rows) == 2 and sum(r["reward/timeouts"] for r in rows) > 0, rows
+    failed = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "reward_failed"]
+    assert failed and all("timeout after 1s" in error for e in failed for error in e["errors"]), failed
+
+
 @pytest.mark.parametrize("override, key", [
     ("train.grad_clip=-1", "train.grad_clip"),
     ("train.lr=.inf", "train.lr"),

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from reasonrl.config import EnvConfig
+from reasonrl.config import EnvConfig, load
 from reasonrl.env import (EnvCheckReport, EnvFailure, EnvPool, EnvProtocolError, GridEnv, GymTextAdapter,
                           ToolArithEnv, ToolCall, ToolCallError, ToolEnv, check_reset, check_step, env_attribute,
                           env_check, make_env, parse_tool_calls)
@@ -20,6 +20,7 @@ from reasonrl.env.grid import parse_move
 from reasonrl.env.tools import CALCULATOR, PYTHON, TOOLS, check_response_format, format_tool_call, tool_call_regex
 from reasonrl.errors import InputError
 from reasonrl.runtime.pool import PoolStart
+from reasonrl.runtime.topology import plan as plan_topology
 
 FIXTURES = "tests.env_fixtures"
 
@@ -499,3 +500,10 @@ def test_report_histogram_of_many_values():
     assert lines[2:7] == [f"  {label:>12} | {'#' * 30} 2" for label in ("0..1.8", "1.8..3.6", "3.6..5.4", "5.4..7.2",
                                                                          "7.2..9")]
     assert report.timing == {"reset": (0.0, 0.0), "step": (0.0, 0.0)}
+
+
+def test_an_import_path_environment_gets_a_worker_at_count_0_and_a_shipped_one_steps_inline():
+    custom = plan_topology(load(None, ["env.name=tests.env_fixtures:FlakyBySeed", "runtime.roles.env.count=0"]))["env"]
+    assert (custom.where, custom.count) == ("process", 1) and "the user's code" in custom.detail
+    assert plan_topology(load(None, ["env.name=grid", "runtime.roles.env.count=0"]))["env"].where == "inline"
+    assert plan_topology(load(None, ["env.name=grid", "runtime.roles.env.count=3"]))["env"].count == 3

@@ -107,7 +107,7 @@ def test_a_hostile_answer_is_cut_at_the_time_limit_when_graded_off_the_main_thre
     assert again.scores.tolist() == [FAILURE_SCORE] and again.timed_out.tolist() == [True]
 
 
-def test_math_verify_gets_a_worker_per_pool_even_at_count_0_and_the_other_functions_none():
+def test_math_verify_and_import_path_functions_get_a_worker_per_pool_even_at_count_0_and_the_rules_none():
     math = load(None, ["reward.fn=math_verify"])
     assert reward_workers(math) == 1
     assert (plan_topology(math)["reward"].where, plan_topology(math)["reward"].pools) == ("process", 2)
@@ -116,8 +116,10 @@ def test_math_verify_gets_a_worker_per_pool_even_at_count_0_and_the_other_functi
     for rule in ("dapo", "boxed", "gsm8k", "code"):
         cfg = load(None, [f"reward.fn={rule}"])
         assert reward_workers(cfg) == 0 and "a rule that ends in bounded time" in plan_topology(cfg)["reward"].detail
-    custom = plan_topology(load(None, ["reward.fn=tests.reward_fixtures:coin"]))["reward"]
-    assert custom.where == "inline" and "no time limit per sample" in custom.detail  # the plan says so
+    custom = load(None, ["reward.fn=tests.reward_fixtures:coin"])
+    assert reward_workers(custom) == 1  # the user's code: only a process killed at its deadline bounds it
+    planned = plan_topology(custom)["reward"]
+    assert (planned.where, planned.pools) == ("process", 2) and planned.detail.startswith("tests.reward_fixtures:coin: ")
     assert reward_workers(load(None, ["reward.fn=math_verify", "runtime.roles.reward.count=3"])) == 3
 
 

@@ -89,6 +89,7 @@ class WorkerPool:
         self._free_since = [0.0] * self.size  # when the worker's last answered call finished
         self._in_a_row = [0] * self.size
         self._restarted_at = [-float("inf")] * self.size
+        self._gave_up = False  # a worker that failed past the restart budget is left as it was
 
     @property
     def pids(self) -> list[int]:
@@ -140,7 +141,11 @@ class WorkerPool:
         self.size -= 1
 
     def close(self) -> None:
-        """Close the group: each worker finishes its running call and closes, then ends."""
+        """Close the group: each worker finishes its running call and closes, then ends. Once
+        the pool gave up on a worker (its restarts exhausted: it may hang in a call for ever),
+        every worker is killed at once instead of waited for."""
+        if self._gave_up:
+            self.group.kill()
         self.group.close()
 
     def _deadline(self, index: int) -> float:
@@ -176,6 +181,7 @@ class WorkerPool:
         label = f"{self.role}[{index}]"
         attempt = self._in_a_row[index] + 1
         if attempt > self.restarts.budget:
+            self._gave_up = True
             raise RestartsExhausted(f"{label}: {self.restarts.budget} restarts in a row did not help (the restart "
                                     f"budget); it failed again ({reason})")
         pause = self._restarted_at[index] + self.restarts.pause_s(attempt) - time.monotonic()

@@ -6,8 +6,8 @@ points of noise). From this near-deterministic warm start (entropy about 0.08) t
 run depends on its seed's draws: on the AVX-512 EPYC (commit 641d549) dapo, dr_grpo and
 lite_ppo gained 20, 17 and 14 points at seed 0 and the test asks them for +5; grpo (20 steps)
 gained 19, 18 and 13 at seeds 0-2 and ppo (12 steps) 15, 19 and 7, with a warm start trained on
-another CPU as little as -1 and +4 at seed 0, so for those two the test asks for +3 as the mean
-over run seeds 0 and 1. The runs are clean, so the guards that read the training itself must
+another CPU as little as -1 and +4 at seed 0, so for those two a seed 0 short of +5 is not the
+end: run seed 1 trains too, and the mean over the two must reach +3. The runs are clean, so the guards that read the training itself must
 stay quiet: no spike or non-finite incident (the slowdown detector reads wall time, which other
 load on the machine can really stretch: tests/unit/test_guards.py replays a clean demo). The DAPO
 run trains with runtime.engine=ray (a local cluster; a seeded synchronous Ray run ends with the
@@ -35,11 +35,11 @@ pytestmark = pytest.mark.slow
 STEPS = {"dapo": 20, "grpo": 20, "dr_grpo": 20, "lite_ppo": 20, "ppo": 12}
 """PPO's steps are about twice as long (32 prompts, a critic, two epochs) and it learns faster per step."""
 
-SEEDS = {"grpo": (0, 1), "ppo": (0, 1)}
-"""Run seeds whose mean gain is asserted (others: seed 0 alone)."""
+LEAST_GAIN = 0.05
+"""The least gain in held-out accuracy of run seed 0."""
 
-LEAST_GAIN = {"grpo": 0.03, "ppo": 0.03}
-"""The least mean gain in held-out accuracy (others: 0.05)."""
+SECOND_SEED = {"grpo": 0.03, "ppo": 0.03}
+"""Recipes whose seed 0, short of LEAST_GAIN, is followed by seed 1: the least mean gain of the two."""
 
 RUN_TIMEOUT_S = 900
 """The time one run may take (a test: this per run seed). 2 busy cores (other work on the machine
@@ -48,15 +48,18 @@ and ppo's two runs short."""
 
 
 def _marks(recipe: str) -> list:
-    marks = [pytest.mark.timeout(RUN_TIMEOUT_S * len(SEEDS.get(recipe, (0,))))]
+    marks = [pytest.mark.timeout(RUN_TIMEOUT_S * (2 if recipe in SECOND_SEED else 1))]
     return marks + [pytest.mark.xdist_group("ray")] if recipe == "dapo" else marks  # one local cluster at a time
 
 
 @pytest.mark.parametrize("recipe", [pytest.param(r, marks=_marks(r)) for r in STEPS])
 def test_recipe_raises_heldout_accuracy(recipe, tmp_path):
-    gains = [_gain(recipe, tmp_path / f"seed{seed}", seed) for seed in SEEDS.get(recipe, (0,))]
+    gains = [_gain(recipe, tmp_path / "seed0", 0)]
+    least = LEAST_GAIN
+    if gains[0] < LEAST_GAIN and recipe in SECOND_SEED:
+        gains.append(_gain(recipe, tmp_path / "seed1", 1))
+        least = SECOND_SEED[recipe]
     gain = sum(gains) / len(gains)
-    least = LEAST_GAIN.get(recipe, 0.05)
     assert gain >= least, f"{recipe}: held-out accuracy gains {[round(g, 3) for g in gains]} (mean {gain:.3f} < {least})"
 
 

@@ -90,12 +90,12 @@ def test_an_import_path_reward_that_hangs_is_cut_at_its_time_limit_at_the_defaul
     timeout failure, the run trains on."""
     run = tmp_path / "run"
     code, err = train(capsys, model_dir, run, "reward.fn=tests.reward_fixtures:stuck_coin",
-                      "runtime.roles.reward.timeout_s=1", "resilience.reward_max_failures=100", steps=2)
+                      "runtime.roles.reward.timeout_s=0.5", "resilience.reward_max_failures=100", steps=2)
     assert code == 0, err
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["step"] > 0]
     assert len(rows) == 2 and sum(r["reward/timeouts"] for r in rows) > 0, rows
     failed = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "reward_failed"]
-    assert failed and all("timeout after 1s" in error for e in failed for error in e["errors"]), failed
+    assert failed and all("timeout after 0.5s" in error for e in failed for error in e["errors"]), failed
 
 
 @pytest.mark.parametrize("override, key", [

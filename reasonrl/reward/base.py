@@ -115,6 +115,12 @@ class Grade:
     timed_out: bool = False
 
 
+def failed_grade(low: float, error: str, timed_out: bool = False) -> Grade:
+    """The grade of a sample whose scoring failed with ``error`` (``timed_out``: by running
+    past its time limit): ``low``, the low end of ``reward.range``, not correct."""
+    return Grade(low, False, INVALID, True, _one_line(error), timed_out=timed_out)
+
+
 class Grader:
     """A default reward function, functions per data source and an optional format rule as
     one callable (what ``reward.*`` configures: :meth:`from_config`); :meth:`grade` never
@@ -146,9 +152,8 @@ class Grader:
         return self.low + (score + 1.0) / 2.0 * (self.high - self.low)
 
     def failed(self, error: str, timed_out: bool = False) -> Grade:
-        """The grade of a sample whose scoring failed with ``error`` (``timed_out``: by running
-        past its time limit): the low end of the range, not correct."""
-        return Grade(self.low, False, INVALID, True, _one_line(error), timed_out=timed_out)
+        """:func:`failed_grade` at the low end of this grader's range."""
+        return failed_grade(self.low, error, timed_out)
 
     def fn_for(self, data_source: str) -> RewardFn:
         """The reward function of rows from ``data_source``."""

@@ -15,13 +15,14 @@ workers (``workers=None``) samples are scored in this process, without timeouts.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
 from reasonrl.config import RewardConfig
 from reasonrl.errors import LimitError, error_line
-from reasonrl.reward.base import Grade, Grader, Grades
+from reasonrl.reward.base import Grade, Grader, Grades, failed_grade
 
 
 class RewardFailureError(LimitError, RuntimeError):
@@ -61,7 +62,8 @@ class RewardPool:
         self.reward = RewardConfig(fn=reward) if isinstance(reward, str) else reward
         self.max_consecutive_failures = max_consecutive_failures
         self.consecutive_failures = 0
-        self._grader = Grader.from_config(self.reward)
+        # With workers the functions are imported there only: an import that hangs is theirs
+        self._grader = Grader.from_config(self.reward) if workers is None else None
         self._start = workers
         self._pool = None
 
@@ -118,7 +120,8 @@ class RewardPool:
 
     def _score_in_workers(self, texts: list[str], truths: list[str], rows: list[dict[str, Any]]) -> list[Grade]:
         """Split the samples into one run of consecutive samples per worker and grade each
-        sample as a call of its own, so that each has its own deadline. A sample lost with a
+        sample as a call of its own, so that each has its own deadline; a failed sample's error
+        names the worker (``reward[i]: ...``). A sample lost with a
         replaced worker goes to the worker with the fewest calls left."""
         pool = self._workers()
         per_worker = math.ceil(len(texts) / pool.size) if texts else 0
@@ -131,14 +134,22 @@ class RewardPool:
                 if done.outcome == "lost":
                     pool.submit(min(range(pool.size), key=pool.queued), "grade", texts[i], truths[i], rows[i], key=i)
                 elif done.outcome == "ok":
-                    results[i] = done.value
-                elif done.outcome == "timeout":
-                    results[i] = self._grader.failed(f"timeout after {pool.timeout_s:g}s", timed_out=True)
-                elif done.outcome == "died":
-                    results[i] = self._grader.failed(f"reward worker died ({done.value})")
+                    grade = done.value
+                    results[i] = replace(grade, error=f"reward[{done.index}]: {grade.error}") if grade.failed else grade
                 else:
-                    results[i] = self._grader.failed(error_line(done.value))
+                    results[i] = self._failed(done, pool.timeout_s)
         return results
+
+    def _failed(self, done, timeout_s: float) -> Grade:
+        """The failed grade of a sample whose call did not answer ``ok``, the worker named:
+        ``reward[i]: timeout after Ts`` (counted as a timeout), ``reward worker died (reward[i]:
+        ...)`` or ``reward[i]: <the error>``."""
+        low, worker = self.reward.range[0], f"reward[{done.index}]"
+        if done.outcome == "timeout":
+            return failed_grade(low, f"{worker}: timeout after {timeout_s:g}s", timed_out=True)
+        if done.outcome == "died":
+            return failed_grade(low, f"reward worker died ({done.value})")
+        return failed_grade(low, f"{worker}: {error_line(done.value)}")
 
     def _collect(self, results: list[Grade]) -> Grades:
         """The batch of grades; counts failures in a row."""

@@ -85,8 +85,8 @@ def test_rollout_side_faults_act_in_async_mode_and_name_the_worker(model_dir, tm
     Controller(cfg).run()
     events = read_jsonl(tmp_path / "events.jsonl")
     failed = [e for e in events if e["kind"] == "reward_failed"]
-    assert [e["step"] for e in failed][:2] == [2, 3] and "injected reward error" in failed[0]["errors"][0]
-    assert "timeout after 0.5s" in " ".join(failed[1]["errors"])
+    assert [e["step"] for e in failed][:2] == [2, 3] and "reward[0]: RuntimeError: injected reward error" in failed[0]["errors"][0]
+    assert "reward[0]: timeout after 0.5s" in " ".join(failed[1]["errors"])
     # The generation stage's first slowdown names worker 1, from step 8 (a stage of the trainer's
     # that takes a fraction of a millisecond can pass slow_min_s when the machine is busy).
     slow = [e for e in events if e["kind"] == "slowdown" and e["stage"] == "gen"]

@@ -147,7 +147,7 @@ def test_a_hostile_math_verify_answer_is_cut_at_the_time_limit_in_a_reward_actor
     with RewardPool("math_verify", start) as pool:
         grades = pool.score([tower, "\\boxed{\\frac{1}{2}}"], ["1", "0.5"])
     assert grades.scores.tolist() == [FAILURE_SCORE, 1.0] and grades.timed_out.tolist() == [True, False]
-    assert grades.errors == ["sample 0: timeout after 4s"]
+    assert grades.errors == ["sample 0: reward[0]: timeout after 4s"]
 
 
 def test_reward_workers_are_actors_placed_by_runtime_roles_reward_and_a_timeout_fails_one_sample(cluster):
@@ -173,7 +173,7 @@ def test_reward_workers_are_actors_placed_by_runtime_roles_reward_and_a_timeout_
             assert free.get(f"CPU_group_0_{group}") == 0.5 and f"CPU_group_1_{group}" not in free  # in validation's bundle
             grades = pool.score(["1", "sleep", "3"], ["1", "2", "4"])  # the "sleep" sample's 30 s cut at 2
             assert grades.failed.tolist() == [False, True, False] and grades.acc.tolist() == [True, False, False]
-            assert grades.errors == ["sample 1: timeout after 2s"]
+            assert grades.errors == ["sample 1: reward[0]: timeout after 2s"]
             [new] = pool.pids
             assert new != old
             assert events == [("worker_restarted", {"role": "reward", "index": 0, "pid": old, "new_pid": new,

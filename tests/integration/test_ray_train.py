@@ -75,7 +75,8 @@ def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout
                            "runtime.engine=ray", "algo.dynamic_sampling=true", "algo.max_gen_batches=20",
                            "rollout.mode=async", "rollout.max_staleness=1", "algo.off_policy=tis",
                            "runtime.roles.rollout.count=2", "runtime.roles.reward.count=1",
-                           "faults=[reward_error@2,slow@9:worker=1:factor=8]", "resilience.slow_window=4",
+                           "faults=[reward_error@2,reward_timeout@3,slow@9:worker=1:factor=8]",
+                           "runtime.roles.reward.timeout_s=1", "resilience.slow_window=4",
                            "resilience.slow_min_s=0.005", "runtime.roles.rollout.quarantine_ratio=0"])
     try:
         survivor, actor = _rollout_pids(tmp_path, after_steps=1)
@@ -101,7 +102,9 @@ def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout
     assert all(kind == "rollout_worker_joined" and worker == 1 and pid != actor for kind, worker, pid in incidents[1:])
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 21))
     _assert_every_prompt_used_once(tmp_path)
-    assert any(e["kind"] == "reward_failed" and "injected reward error" in e["errors"][0] for e in events)
+    failed = [" ".join(e["errors"]) for e in events if e["kind"] == "reward_failed"]  # at the producer's step
+    assert any("reward[0]: RuntimeError: injected reward error" in f for f in failed), failed
+    assert any("reward[0]: timeout after 1s" in f for f in failed), failed
 
 
 def test_a_run_joins_a_head_started_with_ray_start_on_loopback(model_dir, tmp_path):

@@ -45,10 +45,12 @@ def alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
-def assert_same(got, expected) -> None:
+def assert_same(got, expected, worker: int | None = None) -> None:
+    """Equal grades; graded by reward worker ``worker``, the errors name it."""
     for name in ("scores", "acc", "failed"):
         assert torch.equal(getattr(got, name), getattr(expected, name))
-    assert (got.errors, got.preds, got.extras) == (expected.errors, expected.preds, expected.extras)
+    errors = expected.errors if worker is None else [e.replace(": ", f": reward[{worker}]: ", 1) for e in expected.errors]
+    assert (got.errors, got.preds, got.extras) == (errors, expected.preds, expected.extras)
 
 
 @pytest.mark.parametrize("count", [0, 1, 2])
@@ -56,9 +58,10 @@ def test_scores_equal_score_batch(flaky, count):
     expected = score_batch(load_reward_fn(flaky), TEXTS, TRUTHS)
     with RewardPool(flaky, workers(count)) as pool:
         got = pool.score(TEXTS, TRUTHS)
-        assert_same(got, expected)
-        assert_same(pool.score(TEXTS, TRUTHS), expected)
-    assert got.errors == ["sample 2: ValueError: bad input"]
+        worker = 0 if count else None  # sample 2 of 5: worker 0's run of consecutive samples, of one or of two
+        assert_same(got, expected, worker)
+        assert_same(pool.score(TEXTS, TRUTHS), expected, worker)
+    assert got.errors == ["sample 2: " + ("reward[0]: " if count else "") + "ValueError: bad input"]
     assert got.failed.tolist() == [False, False, True, False, False]
     assert got.preds == ["1", "5", "[INVALID]", "[INVALID]", "4"]
 
@@ -71,7 +74,7 @@ def test_timeout_sample_fails_while_the_others_are_scored(flaky):
         g = pool.score(texts, truths)
         scores, acc, failed, errors = g.scores, g.acc, g.failed, g.errors
         assert failed.tolist() == [False, True, False, False]
-        assert errors == ["sample 1: timeout after 0.3s"]
+        assert errors == ["sample 1: reward[0]: timeout after 0.3s"]
         assert scores.tolist() == [1.0, -1.0, 1.0, -1.0] and acc.tolist() == [True, False, True, False]
         replaced = pool.pids
         assert len(replaced) == 1 and replaced != workers_before and not alive(workers_before[0])  # replaced
@@ -105,10 +108,10 @@ def test_a_pool_resized_between_batches_grades_with_its_new_workers_and_the_remo
         pool.resize(3)
         grown = pool.pids
         assert len(grown) == 3 and grown[0] == first[0] and all(alive(pid) for pid in grown)
-        assert_same(pool.score(TEXTS, TRUTHS), expected)
+        assert_same(pool.score(TEXTS, TRUTHS), expected, 1)  # 5 samples on 3 workers: sample 2 on worker 1
         pool.resize(1)
         assert pool.pids == first and not any(alive(pid) for pid in grown[1:])
-        assert_same(pool.score(TEXTS, TRUTHS), expected)
+        assert_same(pool.score(TEXTS, TRUTHS), expected, 0)
         with pytest.raises(ValueError, match="expected an integer >= 1"):
             pool.resize(0)
     with RewardPool(flaky) as inline, pytest.raises(ValueError, match="grades in its own process"):

@@ -103,7 +103,7 @@ def test_a_hostile_answer_is_cut_at_the_time_limit_when_graded_off_the_main_thre
     first, again = out["first"], out["again"]
     assert first.scores.tolist() == [FAILURE_SCORE, 1.0] and first.acc.tolist() == [False, True]
     assert first.failed.tolist() == [True, False] and first.timed_out.tolist() == [True, False]
-    assert first.errors == ["sample 0: timeout after 5s"]
+    assert first.errors == ["sample 0: reward[0]: timeout after 5s"]
     assert again.scores.tolist() == [FAILURE_SCORE] and again.timed_out.tolist() == [True]
 
 

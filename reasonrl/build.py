@@ -35,7 +35,7 @@ from reasonrl.rollout.source import AsyncSource, RolloutProducer
 from reasonrl.rollout.weight_sync import WeightSender, sync_dtype
 from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
 from reasonrl.runtime.group import ThreadGroup
-from reasonrl.runtime.topology import Topology, pool_start, rank_threads, spawn, worker_args
+from reasonrl.runtime.topology import Topology, pool_start, rank_threads, reset_start, spawn, worker_args
 from reasonrl.runtime.scaling import ScaleSchedule
 from reasonrl.types import Prompt
 from reasonrl.warmstart import resolve_model_dir
@@ -93,7 +93,7 @@ def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
     setup_torch(topology["policy"].threads or cfg.run.threads, cfg.run.deterministic)
     model_dir = resolve_model_dir(cfg, log)
     tokenizer = load_tokenizer(model_dir)
-    splits = run_splits(cfg)
+    splits = run_splits(cfg, reset_start(cfg))
     log(f"data: {splits.description}")
     context = model_context(model_dir)
     train = tokenize_prompts(splits.train, tokenizer, cfg, context, splits.train_from)

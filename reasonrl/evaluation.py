@@ -53,6 +53,7 @@ from reasonrl.rollout.base import generate_for
 from reasonrl.rollout.seeds import combine, group_seed
 from reasonrl.runtime import setup_torch
 from reasonrl.runtime.pool import PoolStart
+from reasonrl.runtime.topology import reset_start
 from reasonrl.samples import sample_records
 from reasonrl.types import Prompt, SamplingParams
 from reasonrl.workers import RewardWorker, RolloutWorker
@@ -218,7 +219,7 @@ def read_datasets(cfg: Config, paths: list[str], sources: list[str], limit: int 
         for path in paths:
             datasets.append(Dataset(path, read_prompts([path], d, TEST_SPLITS)[0]))
     else:
-        splits = run_splits(cfg)
+        splits = run_splits(cfg, reset_start(cfg))
         datasets = [Dataset(splits.test_from, splits.test)]
     if sources:
         found = sorted({p.data_source for ds in datasets for p in ds.prompts})

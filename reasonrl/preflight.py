@@ -125,10 +125,9 @@ def preflight(cfg: Config) -> Plan:
 
     topology = plan_roles(cfg)
     from reasonrl.env.splits import run_splits
-    from reasonrl.runtime.pool import PoolStart
+    from reasonrl.runtime.topology import reset_start
 
-    resets = PoolStart("env", 1, cfg.runtime.roles.env.timeout_s) if cfg.env.name else None
-    splits = run_splits(cfg, resets)
+    splits = run_splits(cfg, reset_start(cfg))
     train, test = splits.train, splits.test
     reward = reward_line(cfg, train + test)
     from reasonrl.loggers import check_loggers

@@ -7,9 +7,9 @@ worker resets its ``rollout.n`` episodes of the group to that very state::
     train:    seeds 0 .. data.train_size - 1
     held out: seeds HELD_OUT_SEED .. HELD_OUT_SEED + data.test_size - 1   (never trained)
 
-The environment is user code: each reset runs in the pool ``workers`` starts (a
-:class:`~reasonrl.runtime.pool.PoolStart`: a worker process killed at its ``timeout_s``, as
-the pre-start check gives it), and a reset that fails, hangs past that, or returns an
+The environment is user code: each reset runs in a worker process killed at
+``runtime.roles.env.timeout_s`` (:func:`reasonrl.runtime.topology.reset_start`, wherever the
+states are read: the pre-start check, the trainer, ``reasonrl eval``), and a reset that fails, hangs past that, or returns an
 observation longer than :data:`MAX_OBSERVATION_CHARS` is an InputError naming the
 environment, the seed and what it exceeded.
 """
@@ -52,7 +52,7 @@ def initial_states(cfg: Config, pool: EnvPool, seeds: range, split: str) -> list
     return prompts
 
 
-def env_splits(cfg: Config, workers: Callable[..., Any] | None = None) -> Splits:
+def env_splits(cfg: Config, workers: Callable[..., Any] | None) -> Splits:
     """The training and held-out initial states of ``env.name`` (see the module docstring),
     each reset in the pool ``workers`` starts (None: in this process, without a time limit)."""
     d, name = cfg.data, cfg.env.name
@@ -64,7 +64,9 @@ def env_splits(cfg: Config, workers: Callable[..., Any] | None = None) -> Splits
     return Splits(train, test, f"env:{name}", f"env:{name}", line)
 
 
-def run_splits(cfg: Config, workers: Callable[..., Any] | None = None) -> Splits:
-    """A run's prompts: the initial states of ``env.name`` when set (each reset in the pool
-    ``workers`` starts), else ``data.*`` (:func:`~reasonrl.data.splits.read_splits`)."""
-    return env_splits(cfg, workers) if cfg.env.name else read_splits(cfg)
+def run_splits(cfg: Config, resets: Callable[..., Any] | None) -> Splits:
+    """A run's prompts: the initial states of ``env.name`` when set, each reset in the pool
+    ``resets`` starts (:func:`reasonrl.runtime.topology.reset_start`, wherever they are read:
+    the pre-start check, the trainer, ``reasonrl eval``), else ``data.*``
+    (:func:`~reasonrl.data.splits.read_splits`)."""
+    return env_splits(cfg, resets) if cfg.env.name else read_splits(cfg)

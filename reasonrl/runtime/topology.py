@@ -184,6 +184,13 @@ def plan(cfg: Config) -> Topology:
     return Topology(engine, out)
 
 
+def reset_start(cfg: Config) -> PoolStart | None:
+    """How the initial states of ``env.name`` are read (:func:`reasonrl.env.splits.run_splits`):
+    each reset in one worker process killed at ``runtime.roles.env.timeout_s`` (the
+    environment is user code, and a reset may hang); None without ``env.name``."""
+    return PoolStart("env", 1, cfg.runtime.roles.env.timeout_s) if cfg.env.name else None
+
+
 def rank_threads(cfg: Config) -> int:
     """torch threads of each trainer rank: ``runtime.roles.policy.threads``, else an equal part
     of the controller's cores."""

@@ -35,8 +35,9 @@ demo: install
 	$(BIN)/reasonrl demo
 
 # The suite on $(JOBS) pytest-xdist workers, each pinned to a core of its own (tests/conftest.py)
-# and each xdist_group on one of them (one Ray cluster at a time), then the tests marked serial
-# alone, on every core, since they detect hangs and slowdowns by wall time.
+# and each xdist_group on one of them (one Ray cluster at a time), then the tests marked serial,
+# which detect hangs and slowdowns by wall time: apart from the rest of the suite, two at a time,
+# each on its own core as well.
 # Both parts run; make fails if either does (a part that a PYTEST_ADDOPTS filter leaves empty,
 # pytest's exit status 5, is no failure). Bytecode caches are written (__pycache__, ignored by git)
 # even where the environment sets PYTHONDONTWRITEBYTECODE: the suite starts hundreds of Python
@@ -45,7 +46,7 @@ test: install docs
 	unset PYTHONDONTWRITEBYTECODE; status=0; \
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not serial" --timeout=900 --durations=15; \
 	rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || status=1; \
-	$(BIN)/python -m pytest -q -m serial --timeout=900 --durations=5; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m serial --timeout=900 --durations=5; \
 	rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || status=1; \
 	exit $$status
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reasonrl.config import Config, config_hash, load
-from reasonrl.errors import InputError, RunDirError
+from reasonrl.errors import InputError, ResumeError, RunDirError
 
 if TYPE_CHECKING:
     from reasonrl.runtime.topology import Topology
@@ -119,6 +119,8 @@ class Plan:
 def preflight(cfg: Config) -> Plan:
     """Check ``cfg`` in the order of the module docstring; the Plan of what would run."""
     state = run_state(cfg)
+    if state.kind != "new":
+        check_resumable(cfg)
     check_data_files(cfg)
     check_extras(cfg)
     from reasonrl.runtime.topology import plan as plan_roles
@@ -209,6 +211,40 @@ def run_state(cfg: Config) -> RunState:
         return RunState("new")
     step = int(path.name.removeprefix("step_"))
     return RunState("complete" if step >= cfg.train.total_steps else "resume", step, path)
+
+
+def config_changes(cfg: Config) -> list[str]:
+    """The keys a resume may not change (:func:`~reasonrl.config.config_hash`'s) whose value in
+    ``cfg`` differs from the run in ``run.dir`` (its ``config.yaml``), each as ``key: old -> new``;
+    none when the run may be resumed (or there is none)."""
+    import inspect
+    import json
+
+    from reasonrl.config import flatten, to_dict
+
+    path = Path(cfg.run.dir) / "config.yaml"
+    if not path.is_file():
+        return []
+    old = load(path)
+    if config_hash(old) == config_hash(cfg):
+        return []
+    before, now = flatten(to_dict(old)), flatten(to_dict(cfg))
+    may_change = inspect.signature(config_hash).parameters["ignore"].default
+    keys = [k for k in now if before.get(k) != now[k] and not any(k == i or k.startswith(f"{i}.") for i in may_change)]
+    return [f"{k}: {json.dumps(before.get(k))} -> {json.dumps(now[k])}" for k in keys]
+
+
+def check_resumable(cfg: Config) -> None:
+    """ResumeError, as the run's own checkpoint load would raise it, when ``run.dir`` holds a
+    run of a configuration ``cfg`` may not resume (:func:`config_changes`)."""
+    import inspect
+
+    changes = config_changes(cfg)
+    if changes:
+        shown = ", ".join(changes[:6]) + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
+        may_change = ", ".join(inspect.signature(config_hash).parameters["ignore"].default)
+        raise ResumeError(f"{cfg.run.dir}: the run there was written with a different configuration ({shown}); a "
+                          f"resume may change only {may_change}. Use a new run.dir.")
 
 
 def same_run(cfg: Config) -> bool:

@@ -39,7 +39,6 @@ terminal, ``summary.csv``, ``summary.json`` and ``report.html`` (:mod:`reasonrl.
 from __future__ import annotations
 
 import fcntl
-import inspect
 import json
 import os
 import signal
@@ -54,12 +53,12 @@ from typing import Callable, Iterator
 
 from tqdm import tqdm
 
-from reasonrl.config import Config, ConfigError, config_hash, flatten, load, to_dict
+from reasonrl.config import Config, ConfigError, to_dict
 from reasonrl.errors import FatalError, ResumeError, RunDirError, error_line
 from reasonrl.experiments.summary import RunResult, format_table, read_result, summarize, write_summary
 from reasonrl.experiments.sweep import Sweep, SweepRun, read_sweep
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
-from reasonrl.preflight import preflight, run_state
+from reasonrl.preflight import config_changes, preflight, run_state
 from reasonrl.runtime.process import start_worker_processes
 
 SPEC_FILE = "sweep.json"
@@ -280,18 +279,10 @@ def check_sweep_dir(root: Path) -> None:
 def check_resumable(cfg: Config) -> None:
     """ResumeError when ``cfg.run.dir`` holds a run written with a config this one may not
     resume (another config_hash), naming the keys that differ."""
-    path = Path(cfg.run.dir) / "config.yaml"
-    if not path.is_file():
-        return
-    old = load(path)
-    if config_hash(old) == config_hash(cfg):
-        return
-    before, now = flatten(to_dict(old)), flatten(to_dict(cfg))
-    may_change = inspect.signature(config_hash).parameters["ignore"].default  # what a resume may change
-    keys = [k for k in now if before.get(k) != now[k] and not any(k == i or k.startswith(f"{i}.") for i in may_change)]
-    shown = ", ".join(f"{k}: {json.dumps(before.get(k))} -> {json.dumps(now[k])}" for k in keys[:6])
-    raise ResumeError(f"{cfg.run.dir}: this run directory holds a run with another config than the sweep gives it "
-                      f"now ({shown}); restore the sweep file, or give the sweep another --dir")
+    changes = config_changes(cfg)
+    if changes:
+        raise ResumeError(f"{cfg.run.dir}: this run directory holds a run with another config than the sweep gives it "
+                          f"now ({', '.join(changes[:6])}); restore the sweep file, or give the sweep another --dir")
 
 
 def plan(sweep: Sweep, root: Path) -> list[tuple[SweepRun, Config]]:

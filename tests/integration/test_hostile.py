@@ -166,8 +166,15 @@ def test_a_refused_resume_writes_nothing_and_changed_data_needs_consent(capsys, 
     code, err = train(capsys, model_dir, run, f"data.source={data}")
     assert code == 0, err
     before = files(run)
-    assert_fatal(*train(capsys, model_dir, run, f"data.source={data}", "algo.eps_high=0.3"), "different configuration")
+    assert_fatal(*train(capsys, model_dir, run, f"data.source={data}", "algo.eps_high=0.3"), "different configuration",
+                 "algo.eps_high: 0.2 -> 0.3")
     assert files(run) == before  # config.yaml, events: as they were
+    # --dry-run refuses it as the run does, and so does a run asked for more steps
+    assert_fatal(*train(capsys, model_dir, run, f"data.source={data}", "algo.eps_high=0.3", "--dry-run"),
+                 "different configuration", "algo.eps_high: 0.2 -> 0.3")
+    assert_fatal(*train(capsys, model_dir, run, f"data.source={data}", "algo.eps_high=0.3", steps=3),
+                 "different configuration", "algo.eps_high: 0.2 -> 0.3")
+    assert files(run) == before
     # The same path with other rows: refused, unless asked for.
     data.write_text("".join(json.dumps({"prompt": f"{i}+2=", "ground_truth": str(i + 2)}) + "\n" for i in range(40)))
     assert_fatal(*train(capsys, model_dir, run, f"data.source={data}", steps=3), "training data differs", "resume.allow_data_change=true")

@@ -44,6 +44,10 @@ from reasonrl.errors import InputError, InputNotFound
 from reasonrl.types import Prompt
 
 VERL_ANSWER_KEY = "reward_model.ground_truth"
+MAX_PROMPT_CHARS = 1_000_000
+"""The longest prompt a row may have, in characters (its messages' contents together): some
+250k tokens at four characters a token, past any context a prompt is kept at. A longer one is
+refused by row before a tokenizer spends minutes on it."""
 _SOURCE_KEYS = ("data_source", "source", "tag")
 _PANDAS_INDEX = "__index_level_"
 """The prefix of the index columns pandas writes into parquet, which no row means as data."""
@@ -199,6 +203,10 @@ def _to_prompt(row: Any, index: int, where: str, columns: _Columns, stem: str) -
     if not isinstance(row, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}")
     text = _prompt_text(_field(row, columns.prompt, where, ()), where, columns.prompt)
+    chars = len(text) if isinstance(text, str) else sum(len(m["content"]) for m in text)
+    if chars > MAX_PROMPT_CHARS:
+        raise InputError(f"{where}: field {columns.prompt!r} holds a prompt of {chars:,} characters, more than the "
+                         f"{MAX_PROMPT_CHARS:,} a prompt may have (MAX_PROMPT_CHARS of reasonrl/data/datasets.py)")
     answer_keys = (columns.answer,) if columns.answer == VERL_ANSWER_KEY else (columns.answer, VERL_ANSWER_KEY)
     used_key, answer = _first_field(row, answer_keys, where)
     ground_truth = _ground_truth(answer, where, used_key)

@@ -152,6 +152,17 @@ def test_file_errors(tmp_path):
             r"line 1: field 'messages' message 0 is",
         ),
         ([{"prompt": "[]", "ground_truth": "1"}], {}, r"line 1: field 'prompt' is an empty message list"),
+        (
+            [{"prompt": "1+1=", "ground_truth": "2"}, {"prompt": "x" * 1_000_001, "ground_truth": "1"}],
+            {},
+            r"line 2: field 'prompt' holds a prompt of 1,000,001 characters, more than the 1,000,000 a prompt may have",
+        ),
+        (
+            [{"messages": [{"role": "system", "content": "s" * 600_000}, {"role": "user", "content": "u" * 400_001}],
+              "ground_truth": "1"}],
+            {"prompt_key": "messages"},
+            r"line 1: field 'messages' holds a prompt of 1,000,001 characters",
+        ),
     ],
 )
 def test_jsonl_row_errors(tmp_path, lines, kwargs, message):

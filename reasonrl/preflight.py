@@ -14,8 +14,9 @@ runs only them. In order:
    parse into the training and held-out splits (the plan says how the held-out one was made;
    with env.name, the initial states, each reset in a worker process killed at
    runtime.roles.env.timeout_s and its observation at most MAX_OBSERVATION_CHARS long);
-3. the reward functions resolve (``reward.fn``, ``reward.by_source``, ``reward.format``), and
-   the packages of ``run.loggers`` import;
+3. the reward functions resolve (``reward.fn``, ``reward.by_source``, ``reward.format``; an
+   import path in a process of its own, killed at IMPORT_TIMEOUT_S), and the packages of
+   ``run.loggers`` import;
 4. the model: ``model.path`` is a Hugging Face model directory with a tokenizer, or the
    embedded warm start (cached, or trained first);
 5. ``run.device`` is usable with this torch build, ``peft`` is installed when ``model.lora.rank > 0``, and the tokenizer of a model directory reloads
@@ -180,9 +181,9 @@ def reward_line(cfg: Config, prompts: list) -> str:
         return f"the return of each env {cfg.env.name} episode (env.reward={cfg.env.reward})"
     from collections import Counter
 
-    from reasonrl.reward.base import Grader, parse_by_source
+    from reasonrl.reward.base import parse_by_source
 
-    Grader.from_config(cfg.reward)
+    check_rewards(cfg)
     counts = Counter(p.data_source for p in prompts)
     r = cfg.reward
     parts = [r.fn if not r.by_source else f"{r.fn} (other sources)"]
@@ -190,6 +191,29 @@ def reward_line(cfg: Config, prompts: list) -> str:
     if r.format:
         parts.append(f"+{r.format_score} for format {r.format!r}")
     return "; ".join(parts)
+
+
+IMPORT_TIMEOUT_S = 60.0
+"""How long importing a user's reward function may take in the pre-start check."""
+
+
+def check_rewards(cfg: Config) -> None:
+    """InputError unless every function of ``reward.fn`` and ``reward.by_source`` and the
+    ``reward.format`` rule resolve: the built-in ones here, an import path in a process of its
+    own killed at :data:`IMPORT_TIMEOUT_S` (:func:`~reasonrl.runtime.imports.check_importable`:
+    its module runs its top level only there and in the reward workers, each bounded)."""
+    from reasonrl.plugins import is_plugin_spec
+    from reasonrl.reward.base import load_reward_fn, parse_by_source
+    from reasonrl.reward.format import format_rule
+    from reasonrl.runtime.imports import check_importable
+
+    for spec in dict.fromkeys([cfg.reward.fn, *parse_by_source(cfg.reward.by_source).values()]):
+        if is_plugin_spec(spec):
+            check_importable(spec, "reward function", IMPORT_TIMEOUT_S, need_callable=True)
+        else:
+            load_reward_fn(spec, cfg.reward)
+    if cfg.reward.format:
+        format_rule(cfg.reward.format)
 
 
 def run_state(cfg: Config) -> RunState:

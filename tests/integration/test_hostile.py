@@ -98,6 +98,25 @@ def test_an_import_path_reward_that_hangs_is_cut_at_its_time_limit_at_the_defaul
     assert failed and all("timeout after 0.5s" in error for e in failed for error in e["errors"]), failed
 
 
+def test_a_reward_module_that_hangs_or_exits_at_import_fails_the_pre_start_check_with_one_line(capsys, model_dir, tmp_path,
+                                                                                              monkeypatch):
+    """The check imports an import-path reward in a process of its own, killed at its limit:
+    exit 2, one line naming the function and the limit; nothing imported it in this process."""
+    import reasonrl.preflight
+
+    monkeypatch.setattr(reasonrl.preflight, "IMPORT_TIMEOUT_S", 2.0)
+    (tmp_path / "hangs.py").write_text("import time\ntime.sleep(3600)\n\ndef score(response, truth):\n    return 0.0\n")
+    (tmp_path / "exits.py").write_text("import os\nos._exit(0)\n")
+    (tmp_path / "table.py").write_text("score = {'not': 'callable'}\n")
+    for spec, needle in [(f"{tmp_path}/hangs.py:score", "importing it did not end within 2 s"),
+                         (f"{tmp_path}/exits.py:score", "importing it ended the interpreter (exit status 0)"),
+                         (f"{tmp_path}/table.py:score", "'score' is a dict, not a callable")]:
+        code, err = train(capsys, model_dir, tmp_path / "run", f"reward.fn={spec}", "--dry-run")
+        assert_fatal(code, err, f"reward function = {spec!r}: ", needle)
+        assert not (tmp_path / "run").exists()
+    assert not [m for m in sys.modules if m.startswith(("reasonrl_plugin_hangs", "reasonrl_plugin_exits", "reasonrl_plugin_table"))]
+
+
 @pytest.mark.parametrize("override, key", [
     ("train.grad_clip=-1", "train.grad_clip"),
     ("train.lr=.inf", "train.lr"),

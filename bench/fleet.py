@@ -6,8 +6,9 @@ samples a step), each run ``reasonrl train`` in a fresh process for ``--steps`` 
 first ``--warmup`` left out, configurations interleaved over ``--seeds`` (for seed: for
 configuration: run) so that all see the same machine; medians over seeds, and ratios:
 
-1. **Fleet size** (``runtime.roles.rollout.count`` 1 and 2) in ``sync`` (lockstep at
-   staleness 0, the workers threads over the policy's own module, torch on every core) and
+1. **Fleet size** (``runtime.roles.rollout.count`` 1 and 2) in ``sync`` (on a CPU the workers
+   are processes with weights of their own, ``runtime.roles.rollout.colocate=auto``, the
+   controller's cores divided among them) and
    in ``async1`` (``rollout.mode=async rollout.max_staleness=1 algo.off_policy=tis``, the
    trainer and each rollout worker process at half the cores). Per run: trained samples/s
    (rows of a step over its median step time, as ``bench/scale.py``), the trainer's idle

@@ -17,10 +17,9 @@ import reasonrl
 PACKAGE = Path(reasonrl.__file__).parent
 
 CREATORS = (
-    "reasonrl/runtime/",  # the one process pool, process groups, Ray actors, trainer ranks
+    "reasonrl/runtime/",  # the one process pool, process groups, Ray actors, trainer ranks, import checks
     "reasonrl/resilience/supervisor.py",  # owns the driver process
     "reasonrl/reward/sandbox.py",  # runs untrusted code
-    "reasonrl/reward/code.py",  # the sandbox's grader: its program text starts the candidate inside the sandbox
 )
 """Where processes may be created: a folder (ending in /) or a file, relative to the repository."""
 

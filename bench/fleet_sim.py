@@ -62,6 +62,7 @@ from reasonrl.rollout.sim import SimRewards, Workload
 from reasonrl.rollout.source import AsyncSource, RolloutProducer
 from reasonrl.runtime import WorkerDied, WorkerTimeout
 from reasonrl.runtime.group import ThreadGroup, gather
+from reasonrl.runtime.topology import reset_start
 from reasonrl.types import WeightsUpdate
 from reasonrl.workers import RolloutWorker
 
@@ -501,7 +502,7 @@ def run_sim(args, seconds_per_token: float, update_s: float, fault_free: bool, r
 def _prompts(cfg, directory: Path):
     """The training prompts of ``cfg`` with their token ids, and the padding id."""
     tokenizer = load_tokenizer(directory)
-    splits = run_splits(cfg)
+    splits = run_splits(cfg, reset_start(cfg))
     train = tokenize_prompts(splits.train, tokenizer, cfg, model_context(directory), splits.train_from)
     return train.prompts, train.ids, tokenizer.pad_token_id
 

@@ -241,10 +241,9 @@ def config_changes(cfg: Config) -> list[str]:
     """The keys a resume may not change (:func:`~reasonrl.config.config_hash`'s) whose value in
     ``cfg`` differs from the run in ``run.dir`` (its ``config.yaml``), each as ``key: old -> new``;
     none when the run may be resumed (or there is none)."""
-    import inspect
     import json
 
-    from reasonrl.config import flatten, to_dict
+    from reasonrl.config import RESUME_MAY_CHANGE, flatten, to_dict
 
     path = Path(cfg.run.dir) / "config.yaml"
     if not path.is_file():
@@ -253,22 +252,21 @@ def config_changes(cfg: Config) -> list[str]:
     if config_hash(old) == config_hash(cfg):
         return []
     before, now = flatten(to_dict(old)), flatten(to_dict(cfg))
-    may_change = inspect.signature(config_hash).parameters["ignore"].default
-    keys = [k for k in now if before.get(k) != now[k] and not any(k == i or k.startswith(f"{i}.") for i in may_change)]
+    keys = [k for k in now if before.get(k) != now[k]
+            and not any(k == i or k.startswith(f"{i}.") for i in RESUME_MAY_CHANGE)]
     return [f"{k}: {json.dumps(before.get(k))} -> {json.dumps(now[k])}" for k in keys]
 
 
 def check_resumable(cfg: Config) -> None:
     """ResumeError, as the run's own checkpoint load would raise it, when ``run.dir`` holds a
     run of a configuration ``cfg`` may not resume (:func:`config_changes`)."""
-    import inspect
+    from reasonrl.config import RESUME_MAY_CHANGE
 
     changes = config_changes(cfg)
     if changes:
         shown = ", ".join(changes[:6]) + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
-        may_change = ", ".join(inspect.signature(config_hash).parameters["ignore"].default)
         raise ResumeError(f"{cfg.run.dir}: the run there was written with a different configuration ({shown}); a "
-                          f"resume may change only {may_change}. Use a new run.dir.")
+                          f"resume may change only {', '.join(RESUME_MAY_CHANGE)}. Use a new run.dir.")
 
 
 def same_run(cfg: Config) -> bool:

@@ -29,7 +29,7 @@ from reasonrl.checkpoint.registry import StateRegistry
 from reasonrl.checkpoint.snapshot import Snapshot, SnapshotStore
 from reasonrl.checkpoint.store import (CheckpointCorruptError, CheckpointInfo, CheckpointWriteError, CheckpointWriter,
                                       find_latest, latest_committed_step, list_checkpoints, load_checkpoint)
-from reasonrl.config import Config, config_hash
+from reasonrl.config import RESUME_MAY_CHANGE, Config, config_hash
 from reasonrl.data.sources import source_name
 from reasonrl.errors import LimitError, ResumeError, error_line
 from reasonrl.metrics import EventLog
@@ -241,9 +241,8 @@ class Checkpointer:
         if state["config_hash"] != config_hash(self.cfg):
             raise ResumeError(
                 f"{self.run_dir}: the checkpoint was written with a different configuration "
-                f"(hash {state['config_hash'][:12]} vs {config_hash(self.cfg)[:12]}); only run.dir, run.progress, run.threads, "
-                "run.log_*, run.loggers, run.wandb_*, train.total_steps, eval.every_steps, checkpoint.*, resume.*, resilience.* "
-                "and runtime.roles.* may change on resume. Use a new run.dir."
+                f"(hash {state['config_hash'][:12]} vs {config_hash(self.cfg)[:12]}); a resume may change only "
+                f"{', '.join(RESUME_MAY_CHANGE)}. Use a new run.dir."
             )
         if "data_fingerprint" not in state or "updates_applied" not in state:
             raise ResumeError(f"{self.run_dir}: the checkpoint was written by an older reasonrl (no data fingerprint); "

@@ -24,6 +24,7 @@ and ``rules`` (``validate``). The names below are re-exported here, so callers i
 from reasonrl.config.loader import (
     LOGGING_KEYS,
     RECIPES,
+    RESUME_MAY_CHANGE,
     KeyHelp,
     config_hash,
     dump,
@@ -59,7 +60,7 @@ from reasonrl.config.schema import (
 
 __all__ = [
     "AlgoConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EnvConfig", "EvalConfig", "KeyHelp",
-    "LOGGING_KEYS", "LoraConfig", "ModelConfig", "RECIPES", "ResilienceConfig", "ResumeConfig", "RewardConfig",
+    "LOGGING_KEYS", "LoraConfig", "ModelConfig", "RECIPES", "RESUME_MAY_CHANGE", "ResilienceConfig", "ResumeConfig", "RewardConfig",
     "RolloutConfig", "RunConfig",
     "RuntimeConfig", "SFTConfig", "TrainConfig", "config_hash", "dump", "dump_text", "field_docs", "flatten",
     "keys_help", "load", "load_recipe", "recipe_path", "to_dict", "validate",

@@ -188,23 +188,14 @@ LOGGING_KEYS = ("run.dir", "run.progress", "run.log_every", "run.loggers", "run.
 the report folds them away in a config diff)."""
 
 
-def config_hash(
-    cfg: Config,
-    ignore: Sequence[str] = (
-        *LOGGING_KEYS,
-        "train.total_steps",
-        "eval.every_steps",
-        "checkpoint.every_steps",
-        "checkpoint.every_minutes",
-        "checkpoint.keep",
-        "checkpoint.final_retries",
-        "resume",
-        "run.threads",
-        "faults",
-        "resilience",
-        "runtime.roles",
-    ),
-) -> str:
+RESUME_MAY_CHANGE = (*LOGGING_KEYS, "train.total_steps", "eval.every_steps", "checkpoint.every_steps",
+                     "checkpoint.every_minutes", "checkpoint.keep", "checkpoint.final_retries", "resume", "run.threads",
+                     "faults", "resilience", "runtime.roles")
+"""The dotted keys (and sections) a resumed run may change: more total steps, another schedule,
+another place to log; :func:`config_hash` leaves them out by default."""
+
+
+def config_hash(cfg: Config, ignore: Sequence[str] = RESUME_MAY_CHANGE) -> str:
     """sha256 (hex) of the canonical JSON of ``to_dict(cfg)`` without the dotted keys in
     ``ignore``. A resume refuses a run directory whose hash differs; the default ``ignore``
     lists the keys a resumed run may change (more total steps, another schedule)."""

@@ -15,9 +15,10 @@ $(BIN)/python:
 # uv fetches, unpacks and compiles in parallel (torch: 6 s against pip's 22 s here); pip does it
 # where uv cannot be installed or cannot install. torch first, from the wheel directories pip is
 # told of (find-links in pip's configuration or PIP_FIND_LINKS: a CPU wheel on this disk where
-# there is one, which both take before an index's build): with torch 2.13.0 installed, nothing later pulls a CUDA build. Then the package
-# with the test, wandb, math, sandbox, ray, lora and docs extras at the exact versions CI uses
-# (constraints.txt, inside pyproject.toml's ranges; its torch pin is $(TORCH)'s version).
+# there is one, which both take before an index's build): with torch 2.13.0 installed, nothing
+# later pulls a CUDA build. Then the package with the test, wandb, math, sandbox, ray, lora and
+# docs extras at the exact versions CI uses (constraints.txt, inside pyproject.toml's ranges; its
+# torch pin is $(TORCH)'s version).
 EXTRAS := test,wandb,math,sandbox,ray,lora,docs
 UV := uv==0.13.8
 UV_INSTALL = $(BIN)/uv pip install --quiet --python $(BIN)/python

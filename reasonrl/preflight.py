@@ -36,12 +36,13 @@ Nothing here loads weights or writes to the run directory.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reasonrl.config import Config, config_hash, load
+from reasonrl.config import RESUME_MAY_CHANGE, Config, config_hash, flatten, load, to_dict
 from reasonrl.errors import InputError, ResumeError, RunDirError
 
 if TYPE_CHECKING:
@@ -241,10 +242,6 @@ def config_changes(cfg: Config) -> list[str]:
     """The keys a resume may not change (:func:`~reasonrl.config.config_hash`'s) whose value in
     ``cfg`` differs from the run in ``run.dir`` (its ``config.yaml``), each as ``key: old -> new``;
     none when the run may be resumed (or there is none)."""
-    import json
-
-    from reasonrl.config import RESUME_MAY_CHANGE, flatten, to_dict
-
     path = Path(cfg.run.dir) / "config.yaml"
     if not path.is_file():
         return []
@@ -260,8 +257,6 @@ def config_changes(cfg: Config) -> list[str]:
 def check_resumable(cfg: Config) -> None:
     """ResumeError, as the run's own checkpoint load would raise it, when ``run.dir`` holds a
     run of a configuration ``cfg`` may not resume (:func:`config_changes`)."""
-    from reasonrl.config import RESUME_MAY_CHANGE
-
     changes = config_changes(cfg)
     if changes:
         shown = ", ".join(changes[:6]) + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")

@@ -13,8 +13,6 @@ checkpoints (resume, rollback) and the final export.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import signal
 import sys
@@ -30,7 +28,7 @@ import torch
 from reasonrl import algo
 from reasonrl.build import RunContext, build
 from reasonrl.checkpoint import ProcessRNG, StateRegistry, find_latest
-from reasonrl.checkpoint.checkpointer import Checkpointer
+from reasonrl.checkpoint.checkpointer import Checkpointer, data_fingerprint
 from reasonrl.checkpoint.snapshot import SnapshotStore
 from reasonrl.config import Config, dump
 from reasonrl.data.mixing import held_out_accuracy
@@ -50,7 +48,7 @@ from reasonrl.runtime.scaling import IdleRule, ScaleWatch, request_scale, scaled
 from reasonrl.runtime.topology import Topology, plan
 from reasonrl.samples import sample_records
 from reasonrl.trainer.update import sampler_gap
-from reasonrl.types import Prompt, ScoredBatch, TrainBatch
+from reasonrl.types import ScoredBatch, TrainBatch
 from reasonrl.workers import trainer_numerics
 
 
@@ -69,16 +67,6 @@ class _Role:
 
     def reset(self) -> None:
         self.group.call("reset")
-
-
-def data_fingerprint(prompts: list[Prompt]) -> str:
-    """sha256 (hex) of the training prompts (id, text, ground truth, in order): what a
-    checkpoint was trained on, so a resume on other data is noticed."""
-    digest = hashlib.sha256()
-    for p in prompts:
-        digest.update(json.dumps([p.id, p.text, p.ground_truth], sort_keys=True, default=str).encode())
-        digest.update(b"\n")
-    return digest.hexdigest()
 
 
 class Controller:

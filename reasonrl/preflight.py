@@ -15,8 +15,9 @@ runs only them. In order:
    with env.name, the initial states, each reset in a worker process killed at
    runtime.roles.env.timeout_s and its observation at most MAX_OBSERVATION_CHARS long);
 3. the reward functions resolve (``reward.fn``, ``reward.by_source``, ``reward.format``; an
-   import path in a process of its own, killed at IMPORT_TIMEOUT_S), and the packages of
-   ``run.loggers`` import;
+   import path in a process of its own, killed at IMPORT_TIMEOUT_S) and grade sample rows
+   (:func:`check_reward_rows`: the user's code in a worker process, each sample bounded by
+   ``runtime.roles.reward.timeout_s``), and the packages of ``run.loggers`` import;
 4. the model: ``model.path`` is a Hugging Face model directory with a tokenizer, or the
    embedded warm start (cached, or trained first);
 5. ``run.device`` is usable with this torch build, ``peft`` is installed when ``model.lora.rank > 0``, and the tokenizer of a model directory reloads
@@ -25,7 +26,8 @@ runs only them. In order:
 6. the context: every prompt (in tokens, chat template applied once) fits data.max_prompt_len
    and, plus ``rollout.max_new_tokens``, the model's ``max_position_embeddings``, or is cut or
    dropped by ``data.truncation`` (:func:`~reasonrl.data.splits.tokenize_prompts`, which the
-   trainer runs too; the plan counts what it cut or dropped); with ``data.mix=adaptive``, the
+   trainer runs too; the plan counts what it cut or dropped); a resume's training prompts are
+   those its checkpoint was trained on, unless ``resume.allow_data_change``; with ``data.mix=adaptive``, the
    training prompts have at least two data sources and ``data.mix_floor`` fits their number;
 7. memory: the peak a step needs for this model and batch (:func:`~reasonrl.memory.estimate_memory`,
    from the model's config.json alone) against the memory available (LimitError when it does
@@ -151,6 +153,8 @@ def preflight(cfg: Config) -> Plan:
 
     train_tokens = tokenize_prompts(train, tokenizer, cfg, context, splits.train_from)
     test_tokens = tokenize_prompts(test, tokenizer, cfg, context, splits.test_from, held_out=True)
+    if state.kind == "resume":
+        check_resumed_data(cfg, state.checkpoint, train_tokens.prompts)
     if cfg.data.mix == "adaptive":
         from reasonrl.data.mixing import check_sources
 
@@ -177,7 +181,8 @@ def _check_lora(cfg: Config) -> None:
 def reward_line(cfg: Config, prompts: list) -> str:
     """What grades the run (every function resolved, InputError otherwise): ``reward.fn``, then
     each ``reward.by_source`` entry with its row count ("no rows" when the data has no such
-    source), then the format reward; with ``env.name``, the episodes' return."""
+    source), then the format reward, then what :func:`check_reward_rows` noted; with
+    ``env.name``, the episodes' return."""
     if cfg.env.name:
         return f"the return of each env {cfg.env.name} episode (env.reward={cfg.env.reward})"
     from collections import Counter
@@ -185,13 +190,14 @@ def reward_line(cfg: Config, prompts: list) -> str:
     from reasonrl.reward.base import parse_by_source
 
     check_rewards(cfg)
+    note = check_reward_rows(cfg, prompts)
     counts = Counter(p.data_source for p in prompts)
     r = cfg.reward
     parts = [r.fn if not r.by_source else f"{r.fn} (other sources)"]
     parts += [f"{source}: {spec} ({counts[source] or 'no'} rows)" for source, spec in parse_by_source(r.by_source).items()]
     if r.format:
         parts.append(f"+{r.format_score} for format {r.format!r}")
-    return "; ".join(parts)
+    return "; ".join(parts) + (f" ({note})" if note else "")
 
 
 IMPORT_TIMEOUT_S = 60.0
@@ -215,6 +221,55 @@ def check_rewards(cfg: Config) -> None:
             load_reward_fn(spec, cfg.reward)
     if cfg.reward.format:
         format_rule(cfg.reward.format)
+
+
+REWARD_CHECK_ROWS = 16
+"""At most this many rows are graded before the start: the first of each data source, then
+the first rows, up to 4."""
+
+
+def check_reward_rows(cfg: Config, prompts: list) -> str:
+    """Grade rows of the data with the run's grader before anything loads: two responses per
+    row, the empty one and the row's ground truth, as training grades them (the function of the
+    row's data source, ``reward.format``, the row's fields), an unbounded function
+    (:func:`~reasonrl.config.rules.reward_workers`) in a worker process with
+    ``runtime.roles.reward.timeout_s`` per sample. InputError naming the first row, response and
+    error when every grading failed (the function raises, returns something malformed or hangs
+    on this data: training would fail every sample); when only some failed, a note saying so
+    for the plan, else ""."""
+    from reasonrl.config.rules import reward_workers
+    from reasonrl.reward.base import row_fields
+    from reasonrl.reward.pool import RewardPool
+    from reasonrl.runtime.pool import PoolStart
+
+    first: dict[str, object] = {}
+    for p in prompts:
+        first.setdefault(p.data_source, p)
+    rows = list({id(p): p for p in [*first.values(), *prompts[:4]]}.values())[:REWARD_CHECK_ROWS]
+    if not rows:
+        return ""
+    count, timeout = reward_workers(cfg), cfg.runtime.roles.reward.timeout_s
+    start = PoolStart("reward", count, timeout) if count else None
+    texts = [text for p in rows for text in ("", p.ground_truth)]
+    with RewardPool(cfg.reward, start, max_consecutive_failures=len(texts)) as pool:
+        grades = pool.score(texts, [p.ground_truth for p in rows for _ in range(2)],
+                            [row_fields(p) for p in rows for _ in range(2)])
+    failed = grades.failed.nonzero().flatten().tolist()
+    if not failed:
+        return ""
+    i, error = failed[0], grades.errors[0].partition(": ")[2]
+    p = rows[i // 2]
+    response = "an empty response" if i % 2 == 0 else f"the response {_short(p.ground_truth)} (its ground truth)"
+    where = f"row {p.id} ({p.data_source}) with {response}: {error}"
+    if len(failed) == len(texts):
+        raise InputError(f"reward check: every sample failed, e.g. {where}; a reward function must grade any "
+                         "response to the rows of the data (return a score, or a dict with one)")
+    return f"reward check: {len(failed)} of {len(texts)} samples failed, e.g. {where}"
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """``text`` quoted, cut to ``limit`` characters."""
+    return json.dumps(text if len(text) <= limit else text[:limit] + "...")
 
 
 def run_state(cfg: Config) -> RunState:
@@ -262,6 +317,20 @@ def check_resumable(cfg: Config) -> None:
         shown = ", ".join(changes[:6]) + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
         raise ResumeError(f"{cfg.run.dir}: the run there was written with a different configuration ({shown}); a "
                           f"resume may change only {', '.join(RESUME_MAY_CHANGE)}. Use a new run.dir.")
+
+
+def check_resumed_data(cfg: Config, checkpoint: Path, train: list) -> None:
+    """ResumeError, as the checkpoint load would raise it, when the training prompts ``train``
+    differ from those ``checkpoint`` was trained on and ``resume.allow_data_change`` is off."""
+    from reasonrl.checkpoint.checkpointer import check_data, data_fingerprint, recorded_fingerprint
+    from reasonrl.checkpoint.store import CheckpointCorruptError
+
+    try:
+        recorded = recorded_fingerprint(checkpoint)
+    except CheckpointCorruptError:
+        return  # one that verifies but does not load: the resume falls back to the one before, and checks that
+    if recorded is not None:
+        check_data(cfg, Path(cfg.run.dir), data_fingerprint(train), recorded)
 
 
 def same_run(cfg: Config) -> bool:

@@ -69,3 +69,31 @@ def stuck_coin(response: str, ground_truth: str) -> dict:
     if hashlib.sha256(response.encode()).digest()[0] % 4 == 0:
         time.sleep(3600)
     return coin(response, ground_truth)
+
+
+def exits_on_answers(response: str, ground_truth: str) -> dict:
+    """``exits`` for any response but the empty one and the ground truth (which the pre-start
+    check grades): a function that passes the check and ends its process on the model's answers."""
+    if response in ("", ground_truth):
+        return {"score": 0.0}
+    return exits(response, ground_truth)
+
+
+def hangs(response: str, ground_truth: str) -> dict:
+    """Never returns (an hour) on any response."""
+    time.sleep(3600)
+    return {"score": 0.0}
+
+
+def fails_on_empty(response: str, ground_truth: str) -> dict:
+    """Raises on the empty response; ``coin`` otherwise."""
+    if not response:
+        raise ValueError("no answer to parse")
+    return coin(response, ground_truth)
+
+
+def broken_on_answers(response: str, ground_truth: str) -> dict:
+    """``broken`` for any response but the two the pre-start check grades (see ``exits_on_answers``)."""
+    if response in ("", ground_truth):
+        return {"score": 0.0}
+    return broken(response, ground_truth)

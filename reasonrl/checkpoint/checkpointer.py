@@ -20,6 +20,8 @@ files; a snapshot that does not verify is skipped (a ``snapshot_skipped`` event)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -28,14 +30,47 @@ from typing import Any, Callable
 from reasonrl.checkpoint.registry import StateRegistry
 from reasonrl.checkpoint.snapshot import Snapshot, SnapshotStore
 from reasonrl.checkpoint.store import (CheckpointCorruptError, CheckpointInfo, CheckpointWriteError, CheckpointWriter,
-                                      find_latest, latest_committed_step, list_checkpoints, load_checkpoint)
+                                      find_latest, latest_committed_step, list_checkpoints, load_checkpoint,
+                                      load_state)
 from reasonrl.config import RESUME_MAY_CHANGE, Config, config_hash
 from reasonrl.data.sources import source_name
 from reasonrl.errors import LimitError, ResumeError, error_line
 from reasonrl.metrics import EventLog
+from reasonrl.types import Prompt
 
 RUN_ENTRY = "controller"
 """The registry name of the checkpointer's own state (kept for the checkpoints on disk)."""
+
+
+def data_fingerprint(prompts: list[Prompt]) -> str:
+    """sha256 (hex) of the training prompts (id, text, ground truth, in order): what a
+    checkpoint was trained on, so a resume on other data is noticed."""
+    digest = hashlib.sha256()
+    for p in prompts:
+        digest.update(json.dumps([p.id, p.text, p.ground_truth], sort_keys=True, default=str).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def check_data(cfg: Config, run_dir: Path, fingerprint: str, recorded: str) -> bool:
+    """Whether the training data of ``fingerprint`` differs from the ``recorded`` one a
+    checkpoint of ``run_dir`` was trained on; ResumeError when it does and
+    ``resume.allow_data_change`` is off (the resume's refusal, and ``--dry-run``'s)."""
+    if recorded == fingerprint:
+        return False
+    if not cfg.resume.allow_data_change:
+        raise ResumeError(
+            f"{run_dir}: the training data differs from the data the checkpoint was trained on "
+            f"({source_name(cfg.data.source)}: fingerprint {fingerprint[:12]}, checkpoint "
+            f"{recorded[:12]}); to continue on the new data anyway, add "
+            "resume.allow_data_change=true; otherwise use a new run.dir")
+    return True
+
+
+def recorded_fingerprint(checkpoint: Path) -> str | None:
+    """The data fingerprint the valid checkpoint directory ``checkpoint`` was trained on (its
+    state file alone, tensors memory-mapped, not read); None when it records none."""
+    return load_state(checkpoint).get(RUN_ENTRY, {}).get("data_fingerprint")
 
 
 class Checkpointer:
@@ -247,12 +282,6 @@ class Checkpointer:
         if "data_fingerprint" not in state or "updates_applied" not in state:
             raise ResumeError(f"{self.run_dir}: the checkpoint was written by an older reasonrl (no data fingerprint); "
                               "use a new run.dir")
-        if state["data_fingerprint"] != self.fingerprint:
-            if not self.cfg.resume.allow_data_change:
-                raise ResumeError(
-                    f"{self.run_dir}: the training data differs from the data the checkpoint was trained on "
-                    f"({source_name(self.cfg.data.source)}: fingerprint {self.fingerprint[:12]}, checkpoint "
-                    f"{state['data_fingerprint'][:12]}); to continue on the new data anyway, add "
-                    "resume.allow_data_change=true; otherwise use a new run.dir")
+        if check_data(self.cfg, self.run_dir, self.fingerprint, state["data_fingerprint"]):
             self.data_changed = state["data_fingerprint"]
         self.updates_applied = int(state["updates_applied"])

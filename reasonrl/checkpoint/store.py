@@ -282,6 +282,13 @@ def load_checkpoint(
     return manifest["step"], tensors, state
 
 
+def load_state(path: Path) -> dict[str, Any]:
+    """The state file of the checkpoint directory ``path`` alone (its tensors memory-mapped, not
+    read; the caller verified the checkpoint, e.g. with :func:`find_latest`)."""
+    return _load(Path(path) / STATE_FILE,
+                 lambda f: torch.load(f, map_location="cpu", weights_only=True, mmap=True))
+
+
 def _check_arguments(step: int, tensors: dict, state: dict) -> None:
     """Reject bad arguments before anything touches the disk."""
     if type(step) is not int or step < 0:

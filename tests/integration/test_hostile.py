@@ -75,7 +75,7 @@ def test_a_reward_function_that_calls_sys_exit_ends_a_supervised_run_with_one_ex
     restarted (it would fail again)."""
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, run),
-                           "reward.fn=tests.reward_fixtures:exits", "resilience.reward_max_failures=4"],
+                           "reward.fn=tests.reward_fixtures:exits_on_answers", "resilience.reward_max_failures=4"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -115,6 +115,28 @@ def test_a_reward_module_that_hangs_or_exits_at_import_fails_the_pre_start_check
         assert_fatal(code, err, f"reward function = {spec!r}: ", needle)
         assert not (tmp_path / "run").exists()
     assert not [m for m in sys.modules if m.startswith(("reasonrl_plugin_hangs", "reasonrl_plugin_exits", "reasonrl_plugin_table"))]
+
+
+def test_the_pre_start_check_grades_rows_and_refuses_a_reward_that_fails_or_hangs_on_all_of_them(capsys, model_dir,
+                                                                                                   tmp_path):
+    """Before anything loads, an empty response and the ground truth of rows of the data are
+    graded as training would (an import-path function in a worker process, each sample killed at
+    runtime.roles.reward.timeout_s): every sample failing is one exit-2 line naming a row and the
+    error; some failing is a note in the plan."""
+    run = tmp_path / "run"
+    for fn, needle in [("exits", "the reward function called sys.exit(3)"), ("hangs", "reward[0]: timeout after 1s")]:
+        code, err = train(capsys, model_dir, run, f"reward.fn=tests.reward_fixtures:{fn}",
+                          "runtime.roles.reward.timeout_s=1", "--dry-run")
+        assert_fatal(code, err, "reward check: every sample failed, e.g. row ", "with an empty response", needle)
+        assert not run.exists()
+    capsys.readouterr()
+    code = main(["train", "grpo", *tiny_run(model_dir, run, 2), "--no-supervisor", "--dry-run",
+                 "reward.fn=tests.reward_fixtures:fails_on_empty"])
+    out = capsys.readouterr().out
+    assert code == 0 and not run.exists()
+    reward = next(line for line in out.splitlines() if line.startswith("reward"))
+    assert "reward check: " in reward and " samples failed, e.g. row " in reward, reward
+    assert "with an empty response: reward[0]: ValueError: no answer to parse" in reward, reward
 
 
 @pytest.mark.parametrize("override, key", [
@@ -197,6 +219,12 @@ def test_a_refused_resume_writes_nothing_and_changed_data_needs_consent(capsys, 
     # The same path with other rows: refused, unless asked for.
     data.write_text("".join(json.dumps({"prompt": f"{i}+2=", "ground_truth": str(i + 2)}) + "\n" for i in range(40)))
     assert_fatal(*train(capsys, model_dir, run, f"data.source={data}", steps=3), "training data differs", "resume.allow_data_change=true")
+    assert files(run) == before
+    assert_fatal(*train(capsys, model_dir, run, f"data.source={data}", "--dry-run", steps=3), "training data differs",
+                 "resume.allow_data_change=true")
+    code, err = train(capsys, model_dir, run, f"data.source={data}", "resume.allow_data_change=true", "--dry-run",
+                      steps=3)
+    assert code == 0, err
     assert files(run) == before
     code, err = train(capsys, model_dir, run, f"data.source={data}", "resume.allow_data_change=true", steps=3)
     assert code == 0, err

@@ -140,7 +140,7 @@ def test_status_and_parallel_runs_in_worker_processes(tmp_path, model_dir, capsy
 
 def test_a_run_that_crashes_is_retried_and_one_that_cannot_run_is_recorded(tmp_path, model_dir, capsys):
     cells = [{"faults": ["crash@3:stage=gen"]},  # raises once in step 3: started again from its step-2 checkpoint
-             {"reward.fn": "tests.reward_fixtures:broken", "resilience.reward_max_failures": 1},  # fails for good
+             {"reward.fn": "tests.reward_fixtures:broken_on_answers", "resilience.reward_max_failures": 1},  # fails for good
              {"algo.eps_high": 0.28}]
     spec = write_sweep(tmp_path / "sweep.yaml", model_dir, [0], {"algo.eps_high": [0.2]})
     data = json.loads(spec.read_text())

@@ -207,9 +207,8 @@ def ray_reservation(cfg: Config, topology: Topology, model_dir: Path):
     holds two versions of the weights), then one bundle per actor of the topology's Ray roles
     (``runtime.roles.<role>.cpus``, ``.gpus``, ``.colocate``), reserved or a LimitError within
     seconds. The policy's rank 0 is this process."""
-    from reasonrl.memory import DTYPE_BYTES, ModelShape
     from reasonrl.runtime.placement import parse_placement
-    from reasonrl.runtime.ray import OBJECT_STORE_BYTES, Reservation, connect
+    from reasonrl.runtime.ray import Reservation, connect
 
     actors = topology.ray_actors()
     mapping = {}
@@ -217,16 +216,24 @@ def ray_reservation(cfg: Config, topology: Topology, model_dir: Path):
         role = topology[name]
         mapping[name] = {"cpus": role.cpus, "gpus": role.gpus, **({"colocate": role.colocate} if role.colocate else {})}
     plan = parse_placement(mapping).plan(actors)
-    weights = ModelShape.from_model_dir(model_dir).parameters() * DTYPE_BYTES[cfg.model.dtype]
-    # A cluster started here offers a CPU per actor at least (Ray's CPUs are logical: more
-    # actors than cores share the cores, as processes would); a joined one has its own.
-    cluster = connect(cfg.runtime, max(sum(actors.values()), available_cores()),
-                      object_store_bytes=max(OBJECT_STORE_BYTES, 2 * weights + (64 << 20)))
+    cpus, object_store = local_cluster_size(cfg, topology, model_dir)
+    cluster = connect(cfg.runtime, max(cpus, available_cores()), object_store_bytes=object_store)
     try:
         return cluster, Reservation(plan, timeout_s=30.0)
     except BaseException:
         cluster.close()
         raise
+
+
+def local_cluster_size(cfg: Config, topology: Topology, model_dir: Path) -> tuple[int, int]:
+    """(CPUs, object store bytes) a local Ray cluster offers one run of ``cfg``: a CPU per actor
+    of its Ray roles (Ray's CPUs are logical: more actors than cores share the cores, as
+    processes would), and room for two versions of the weights. A joined cluster has its own."""
+    from reasonrl.memory import DTYPE_BYTES, ModelShape
+    from reasonrl.runtime.ray import OBJECT_STORE_BYTES
+
+    weights = ModelShape.from_model_dir(model_dir).parameters() * DTYPE_BYTES[cfg.model.dtype]
+    return sum(topology.ray_actors().values()), max(OBJECT_STORE_BYTES, 2 * weights + (64 << 20))
 
 
 def _colocated(cfg: Config) -> Config:

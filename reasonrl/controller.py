@@ -100,6 +100,8 @@ class Controller:
         """The policy version the next batch is trained from (the last one published)."""
         self.stopped_by: int | None = None
         """The signal (SIGINT, SIGTERM) that stopped ``run()`` early, if one did."""
+        self.stop_flag = _StopFlag()
+        """Set by SIGINT or SIGTERM while :meth:`run` runs, or by :meth:`request_stop`."""
         self.faults = parse_faults(list(cfg.faults)).bind(self.run_dir)
         r = cfg.resilience
         self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
@@ -313,6 +315,12 @@ class Controller:
             self.source.observe_held_out(held_out_accuracy(metrics))
         return metrics
 
+    def request_stop(self, signum: int = signal.SIGTERM) -> None:
+        """End :meth:`run` after the current step with a checkpoint, as ``signum`` would
+        (``stopped_by`` then says it): from another thread, where no signal handler can be
+        installed (a run trained inside a Ray actor's call)."""
+        self.stop_flag.request(signum)
+
     # ---------------------------------------------------------------- run
     def run(self, on_step: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, float]:
         """Train to train.total_steps, resuming from the newest committed checkpoint; return
@@ -351,7 +359,8 @@ class Controller:
         kept = read_jsonl(self.run_dir / "metrics.jsonl")
         step_s = step_seconds(kept)
         forecasts = RunForecast(kept, cfg.train.total_steps, cfg.eval.target)
-        stop = _StopFlag()
+        stop = self.stop_flag
+        stop.install()
         scale, idle_rule = ScaleWatch(self.run_dir, cfg), IdleRule(cfg)
         start = time.time()
         last_checkpoint = self.checkpoints.catch_up(self.step_count, start)
@@ -565,7 +574,8 @@ def reward_extras(scored: ScoredBatch) -> dict[str, float]:
 
 
 class _StopFlag:
-    """Set by SIGINT or SIGTERM: the run checkpoints after the current step and ends.
+    """Set by SIGINT or SIGTERM while installed (:meth:`install`, in the main thread), or by
+    :meth:`request` from any thread: the run checkpoints after the current step and ends.
     ``signum`` is the first such signal; a second SIGINT interrupts at once (KeyboardInterrupt)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -573,12 +583,20 @@ class _StopFlag:
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous = {}
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM until :meth:`restore` (in the main thread only: elsewhere
+        only :meth:`request` sets the flag)."""
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        self.request(signum)
+
+    def request(self, signum: int) -> None:
+        """Stop after this step, as ``signum`` would (the first request counts)."""
         if self.signum is None:
             self.signum = signum
             print(f"\nreasonrl: {signal.Signals(signum).name}: stopping after this step, with a checkpoint "

@@ -10,9 +10,12 @@ the embedded warm start once. Then it trains the runs that are not finished, in 
 order (:meth:`~reasonrl.experiments.sweep.Sweep.runs`), with a progress bar over the runs:
 
 - ``sweep.parallel`` 1: one after another in this process (as ``reasonrl train --no-supervisor``);
-- ``sweep.parallel`` N > 1: in N worker processes (:class:`~reasonrl.runtime.pool.WorkerPool`
-  over a :class:`~reasonrl.runtime.process.ProcessGroup`), one run each at a time, each with
-  run.threads = cores / N; a worker that dies or passes ``sweep.run_timeout_h`` is replaced.
+- ``sweep.parallel`` N > 1: in N workers (:class:`SweepWorker` in a
+  :class:`~reasonrl.runtime.pool.WorkerPool`), one run each at a time, each with
+  run.threads = cores / N: worker processes on this machine, or with ``runtime.engine=ray``
+  Ray actors on the cluster (:func:`~reasonrl.runtime.ray.connect`: the runs' ray_address, or a
+  local cluster), each run's controller in its actor placing the run's roles on the cluster; a
+  worker that dies or passes ``sweep.run_timeout_h`` is replaced.
 
 **Resume.** A run is finished when its newest valid checkpoint is at train.total_steps
 (:func:`~reasonrl.preflight.run_state`, as ``reasonrl train`` decides): a sweep started again
@@ -26,7 +29,8 @@ config.yaml differs from the config the sweep now gives it is an error before an
 as failed and the sweep goes on with the others; any other error, a worker that died or timed
 out, is retried from the run's last checkpoint up to its resilience.max_restarts times. The
 sweep exits 1 when some run failed. SIGINT or SIGTERM stop the runs in progress after their
-current step with a checkpoint, and the sweep exits 128 + the signal.
+current step with a checkpoint (:meth:`SweepWorker.stop`, a call that runs beside the run's),
+and the sweep exits 128 + the signal.
 
 Every run writes its console lines to ``RUN_DIR/console.log``; the sweep's own record is
 ``DIR/events.jsonl`` (``sweep_start``, ``run_start``, ``run_done``, ``run_failed``,
@@ -49,7 +53,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from tqdm import tqdm
 
@@ -60,6 +64,9 @@ from reasonrl.experiments.sweep import Sweep, SweepRun, read_sweep
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
 from reasonrl.preflight import config_changes, preflight, run_state
 from reasonrl.runtime.process import start_worker_processes
+
+if TYPE_CHECKING:
+    from reasonrl.controller import Controller
 
 SPEC_FILE = "sweep.json"
 """The resolved sweep, written at each start (``reasonrl sweep --status`` reads it)."""
@@ -121,25 +128,45 @@ class RunLog:
             f.write(f"{line}\n")
 
 
-def train_run(cfg: Config) -> int | None:
+def train_run(cfg: Config, started: Callable[[Controller], None] = lambda controller: None) -> int | None:
     """Train the run of ``cfg`` to its end in this process; the signal that stopped it early
-    (SIGINT, SIGTERM), else None."""
+    (SIGINT, SIGTERM), else None. ``started`` is handed the run's controller before it trains."""
     from reasonrl.controller import Controller
 
     controller = Controller(cfg, log=RunLog(Path(cfg.run.dir)))
+    started(controller)
     controller.run()
     return controller.stopped_by
 
 
 class SweepWorker:
-    """A worker process of ``sweep.parallel`` > 1: trains the runs it is handed, one at a time,
-    their workers started by a fork of this process (prepared as it starts, with one thread)."""
+    """A worker of ``sweep.parallel`` > 1 (a process, or a Ray actor with runtime.engine=ray):
+    trains the runs it is handed, one at a time, their workers started by a fork of this
+    process where it can (prepared as it starts). :meth:`stop` runs beside :meth:`train`."""
 
     def __init__(self) -> None:
         start_worker_processes(("reasonrl.build",))
+        self._controller: Controller | None = None
+        self._stop: int | None = None
 
     def train(self, cfg: Config) -> int | None:
-        return train_run(cfg)
+        try:
+            return train_run(cfg, self._started)
+        finally:
+            self._controller = None
+
+    def _started(self, controller: Controller) -> None:
+        self._controller = controller
+        if self._stop is not None:
+            controller.request_stop(self._stop)
+
+    def stop(self, signum: int) -> None:
+        """End the run in training after its current step, with a checkpoint, as ``signum``
+        would (a run about to start stops before its first step)."""
+        self._stop = signum
+        controller = self._controller
+        if controller is not None:
+            controller.request_stop(signum)
 
 
 @dataclass
@@ -218,15 +245,29 @@ def _run_here(queue: deque[_Pending], progress: _Progress) -> int | None:
 
 
 def _run_pool(queue: deque[_Pending], progress: _Progress, sweep: Sweep) -> int | None:
-    """Train the queued runs in ``sweep.parallel`` worker processes; the signal that stopped
-    the sweep (forwarded to the workers as SIGTERM: each run checkpoints after its step)."""
+    """Train the queued runs in ``sweep.parallel`` workers: processes, or Ray actors when the
+    runs use Ray (each run's controller then places its own roles on the cluster); the signal
+    that stopped the sweep (each running run is asked to stop after its step, with a
+    checkpoint; a second signal stops at once)."""
     from reasonrl.runtime.pool import PoolStart, RestartPolicy
 
     workers = min(sweep.options.parallel, len(queue))
-    start = PoolStart("sweep", workers, sweep.options.run_timeout_h * 3600, restarts=RestartPolicy(budget=1000))
-    pool = start(SweepWorker, [()] * workers)
+    where = "ray" if queue[0].cfg.runtime.engine == "ray" else "process"
+    cluster, ray_options = _join_cluster(list(queue), workers) if where == "ray" else (None, None)
+    start = PoolStart("sweep", workers, sweep.options.run_timeout_h * 3600, where=where,
+                      restarts=RestartPolicy(budget=1000), concurrent=("stop",), ray_options=ray_options)
+    try:
+        pool = start(SweepWorker, [()] * workers)
+    except BaseException:
+        if cluster is not None:
+            cluster.close()
+        raise
     busy: dict[int, _Pending] = {}
     stopped: list[int] = []
+
+    def stop_runs(signum: int) -> None:
+        for index in list(busy):
+            pool.group.submit_to(index, "stop", signum)
 
     def on_signal(signum: int, frame) -> None:
         if stopped:  # a second signal: stop at once
@@ -235,8 +276,8 @@ def _run_pool(queue: deque[_Pending], progress: _Progress, sweep: Sweep) -> int 
         stopped.append(signum)
         tqdm.write(f"sweep: {signal.Signals(signum).name}: the runs in progress stop after their step, with a "
                    "checkpoint (again: stop at once)", file=sys.stderr)
-        for index in busy:
-            os.kill(pool.pids[index], signal.SIGTERM)
+        # sent from a thread: the handler may have interrupted this thread inside a send to a worker
+        threading.Thread(target=stop_runs, args=(signum,), name="reasonrl-sweep-stop", daemon=True).start()
 
     handlers = {}
     if threading.current_thread() is threading.main_thread():
@@ -261,8 +302,34 @@ def _run_pool(queue: deque[_Pending], progress: _Progress, sweep: Sweep) -> int 
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
-        pool.close()
+        try:
+            pool.close()
+        finally:
+            if cluster is not None:
+                cluster.close()
     return stopped[0] if stopped else None
+
+
+def _join_cluster(pending: list[_Pending], workers: int):
+    """(cluster, the sweep actors' ``ray_options``) for ``workers`` runs at once on Ray: join the
+    runs' ``runtime.ray_address``, or start a local cluster sized for ``workers`` of the largest
+    run (its actors' CPUs and object store, :func:`~reasonrl.build.local_cluster_size`, plus the
+    trainer's ``run.threads``). Each sweep actor holds what its run's trainer uses (it runs the
+    policy's rank 0): ``run.threads`` CPUs, and a GPU with ``run.device=cuda``."""
+    from reasonrl.build import local_cluster_size
+    from reasonrl.runtime.ray import connect
+    from reasonrl.runtime.threads import available_cores
+    from reasonrl.runtime.topology import plan as plan_roles
+    from reasonrl.warmstart import resolve_model_dir
+
+    trainer = [{"CPU": max(1, p.cfg.run.threads), **({"GPU": 1} if p.cfg.run.device.startswith("cuda") else {})}
+               for p in pending]
+    sizes = [local_cluster_size(p.cfg, plan_roles(p.cfg), resolve_model_dir(p.cfg, lambda line: None)) for p in pending]
+    cpus = workers * max(cpus + need["CPU"] for (cpus, _), need in zip(sizes, trainer))
+    cluster = connect(pending[0].cfg.runtime, max(cpus, available_cores()),
+                      object_store_bytes=workers * max(store for _, store in sizes))
+    largest = max(trainer, key=lambda need: (need.get("GPU", 0), need["CPU"]))
+    return cluster, {"resources": [largest] * workers}
 
 
 def check_sweep_dir(root: Path) -> None:
@@ -294,6 +361,13 @@ def plan(sweep: Sweep, root: Path) -> list[tuple[SweepRun, Config]]:
     planned = [(run, sweep.config(run, cores)) for run in sweep.runs(root)]
     for _, cfg in planned:
         check_resumable(cfg)
+    if sweep.options.parallel > 1:
+        for key in ("engine", "ray_address"):
+            values = {getattr(cfg.runtime, key) for _, cfg in planned}
+            if len(values) > 1:
+                raise ConfigError(f"{sweep.source}: runtime.{key} differs between runs ({', '.join(sorted(map(repr, values)))}) "
+                                  f"with sweep.parallel = {sweep.options.parallel}: the runs that train at once all "
+                                  "run on this machine or all on one Ray cluster", f"runtime.{key}")
     return planned
 
 

@@ -56,11 +56,11 @@ class SweepOptions:
 
     parallel: int = 1
     """Runs trained at once. 1: one after another, in the sweep's own process; N > 1: N worker
-    processes, each run with run.threads = this machine's cores / N (unless ``set`` gives
-    run.threads)."""
+    processes, or with runtime.engine=ray N Ray actors on the cluster, each run with
+    run.threads = this machine's cores / N (unless ``set`` gives run.threads)."""
     run_timeout_h: float = 24.0
     """With parallel > 1: a run whose worker has not answered after this many hours is
-    stopped (its worker process killed and replaced) and counts as failed. A stuck stage is
+    stopped (its worker process or actor killed and replaced) and counts as failed. A stuck stage is
     caught much sooner by the run's own watchdog (resilience.hang_timeout_s)."""
 
 
@@ -125,16 +125,11 @@ class Sweep:
 
     def config(self, run: SweepRun, cores: int = 1) -> Config:
         """The validated config of ``run``; ConfigError naming the sweep file and the cell, or
-        eval.every_steps when the runs would measure no held-out accuracy, or sweep.parallel > 1
-        with runs on Ray."""
+        eval.every_steps when the runs would measure no held-out accuracy."""
         try:
             cfg = load(self.recipe, self.overrides(run, cores))
         except ConfigError as err:
             raise ConfigError(f"{self.source}, cell {run.cell.name}: {err}", err.key) from None
-        if self.options.parallel > 1 and cfg.runtime.engine == "ray":
-            raise ConfigError(f"{self.source}, cell {run.cell.name}: sweep.parallel = {self.options.parallel} with "
-                              "runtime.engine=ray: runs that use Ray train one at a time (sweep.parallel=1); each "
-                              "places its own roles on the cluster", "sweep.parallel")
         if cfg.eval.every_steps <= 0:
             raise ConfigError(f"{self.source}, cell {run.cell.name}: eval.every_steps = {cfg.eval.every_steps}: a "
                               "sweep compares held-out accuracy (val/acc), so its runs need eval.every_steps >= 1",

@@ -207,7 +207,8 @@ class PoolStart:
     :meth:`~reasonrl.runtime.ray.Reservation.options`, or Ray's defaults when None), each
     call bounded by ``timeout_s`` and starting a worker by ``start_timeout_s``, workers
     replaced under ``restarts``, restarts reported to ``emit``; each worker runs ``threads``
-    torch threads (the worker sets them as it starts: ``GraderWorker``, ``EnvWorker``).
+    torch threads (the worker sets them as it starts: ``GraderWorker``, ``EnvWorker``); the
+    methods named in ``concurrent`` run beside a running call (the groups' ``concurrent``).
 
     ``start(factory, args_per_worker)`` builds one worker per entry, ``factory(*args)`` (a
     module-level callable: the processes import it), and returns their :class:`WorkerPool`.
@@ -223,6 +224,7 @@ class PoolStart:
     ray_options: dict[str, list] | None = field(default=None, compare=False)
     emit: Callable[..., None] | None = field(default=None, compare=False)
     threads: int = 1
+    concurrent: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         key = f"runtime.roles.{self.role}"
@@ -236,10 +238,11 @@ class PoolStart:
     def __call__(self, factory: Callable[..., Any], args_per_worker: list[tuple]) -> WorkerPool:
         if self.where == "process":
             group = ProcessGroup(factory, args_per_worker, name=self.role, timeout_s=self.timeout_s,
-                                 start_timeout_s=self.start_timeout_s)
+                                 start_timeout_s=self.start_timeout_s, concurrent=self.concurrent)
         else:
             from reasonrl.runtime.ray import RayGroup
 
             group = RayGroup(factory, args_per_worker, self.role, timeout_s=self.timeout_s,
-                             start_timeout_s=self.start_timeout_s, **(self.ray_options or {}))
+                             start_timeout_s=self.start_timeout_s, concurrent=self.concurrent,
+                             **(self.ray_options or {}))
         return WorkerPool(group, role=self.role, timeout_s=self.timeout_s, restarts=self.restarts, emit=self.emit)

@@ -10,6 +10,7 @@ cluster must import ray itself, after setting its loopback-only switch."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -141,3 +142,47 @@ def test_a_cluster_that_does_not_answer_is_an_input_error_with_no_restart(model_
     assert f"runtime.ray_address = {address!r}: could not join a Ray cluster there" in proc.stderr
     assert f"_node_ip_address='127.0.0.1'" in proc.stderr  # a loopback address is dialled on loopback
     assert not (tmp_path / "run").exists()  # nothing was written: no event, no restart, and the directory is gone
+
+
+def test_a_parallel_sweep_on_ray_trains_each_run_in_an_actor_and_sigterm_stops_them_with_a_checkpoint(model_dir,
+                                                                                                    tmp_path):
+    """sweep.parallel=2 with runtime.engine=ray: both runs train at once, each in a Ray actor of
+    its own whose controller places the run's reward actor on the cluster; SIGTERM reaches each
+    run through a call beside its training (signals do not reach a run inside an actor's call)
+    and stops it after its step with a checkpoint: exit 143, every run resumable from there
+    (the resume itself is the trainer's, tested with the process sweep in test_sweep.py)."""
+    from tests.integration.test_sweep import REPO, committed, write_sweep
+
+    spec = write_sweep(tmp_path / "sweep.yaml", model_dir, [0], {"algo.eps_high": [0.2, 0.28]},
+                       sweep={"parallel": 2})
+    data = json.loads(spec.read_text())
+    data["set"] |= {"runtime.engine": "ray", "train.total_steps": 8, "eval.every_steps": 4, "reward.fn": "dapo",
+                    "runtime.roles.reward.count": 1, "algo.kl_loss_coef": 0.0}
+    spec.write_text(json.dumps(data))
+    root = tmp_path / "sweep"
+    runs = [root / cell / "seed_0" for cell in ("algo.eps_high=0.2", "algo.eps_high=0.28")]
+    command = [sys.executable, "-m", "reasonrl.cli", "sweep", str(spec), "--dir", str(root)]
+    first = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(lambda: all((committed(r) or 0) >= 1 for r in runs) or first.poll() is not None, 240,
+                  "a checkpoint of both runs")
+        assert first.poll() is None, first.communicate()[0][-3000:]
+        first.send_signal(signal.SIGTERM)
+        out, _ = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 128 + signal.SIGTERM, out[-3000:]
+    stopped = {r: committed(r) for r in runs}
+    assert all(1 <= step < 8 for step in stopped.values()), stopped  # both were training when it came
+    trainers = set()
+    for run in runs:
+        events = read_jsonl(run / "events.jsonl")
+        [start] = [e for e in events if e["kind"] == "start"]
+        trainers.add(start["pid"])
+        assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")][-1] == stopped[run]  # stopped at its checkpoint
+    assert len(trainers) == 2 and first.pid not in trainers  # at once, in two actors
+    logs = {p.name for p in Path("/tmp/ray/session_latest/logs").glob("worker-*")}
+    assert all(any(name.endswith(f"-{pid}.err") for name in logs) for pid in trainers), (trainers, logs)
+    sweep_events = read_jsonl(root / "events.jsonl")
+    assert [e["signal"] for e in sweep_events if e["kind"] == "sweep_stopped"] == ["SIGTERM"]

@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from reasonrl.config import ConfigError
 from reasonrl.experiments.summary import (RunResult, curves_figure, format_table, read_result, summarize, summary_csv,
                                           summary_json, write_summary)
+from reasonrl.experiments.runner import plan
 from reasonrl.experiments.sweep import RECIPES, cell_name, parse_sweep, read_sweep
 
 BASE = {"recipe": "grpo", "set": {"train.total_steps": 30, "eval": {"every_steps": 10}}, "seeds": [0, 1]}
@@ -95,9 +96,11 @@ def test_bad_run_settings_name_the_file_and_cell(tmp_path):
     s = sweep_of(tmp_path, set={"eval.every_steps": 0})
     with pytest.raises(ConfigError, match="eval.every_steps = 0: a sweep compares held-out accuracy"):
         s.config(s.runs(tmp_path)[0])
-    s = sweep_of(tmp_path, ["sweep.parallel=2"], set={"runtime.engine": "ray"})
-    with pytest.raises(ConfigError, match="sweep.parallel = 2 with runtime.engine=ray: runs that use Ray train one at a"):
-        s.config(s.runs(tmp_path)[0])
+    s = sweep_of(tmp_path, ["sweep.parallel=2"], cells=[{"runtime.engine": "local"}, {"runtime.engine": "ray"}])
+    with pytest.raises(ConfigError, match=r"s.yaml: runtime.engine differs between runs \('local', 'ray'\) with "
+                                          "sweep.parallel = 2: the runs that train at once all run on this machine"):
+        plan(s, tmp_path / "sweep")
+    assert len(plan(sweep_of(tmp_path, ["sweep.parallel=2"], set={"runtime.engine": "ray"}), tmp_path / "r")) == 2
     assert sweep_of(tmp_path, seeds=3).seeds == (0, 1, 2)
     with pytest.raises(ConfigError, match="s.yaml: recipe: missing"):
         parse_sweep({"seeds": [0]}, "s.yaml", tmp_path)

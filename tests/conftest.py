@@ -71,6 +71,23 @@ def pytest_configure(config):
 
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup``, give each test marked ``xdist_group`` its group's suffix
+    (``nodeid@group``), by which xdist sends a group's tests to one worker. pytest 9 reads a
+    node's id from ``_id``; pytest-xdist 3.8 writes the suffix to ``_nodeid`` only, so without
+    this its groups are ignored (two Ray clusters at once, the rank processes started twice)."""
+    if not getattr(config.option, "loadgroup", False):  # set in xdist's workers only
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid:
+            from _pytest.nodeid import coerce_node_id
+
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
+
+
 def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
     config = Qwen2Config(
         vocab_size=VOCAB,

@@ -68,6 +68,17 @@ def test_a_dry_run_with_a_bad_data_path_fails_at_once_without_loading_a_model(tm
     assert not (tmp_path / "run").exists()
 
 
+def test_a_recipe_that_is_not_utf8_ends_reasonrl_train_with_one_exit_2_line(tmp_path):
+    recipe = tmp_path / "latin1.yaml"
+    recipe.write_bytes("algo:\n  eps_high: 0.3\n# caf\u00e9\n".encode("latin-1"))
+    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", str(recipe), f"run.dir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert f"{recipe}, line 3: not UTF-8 text (byte 0xe9 at offset 27)" in line, line
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_checks_before_an_embedded_run_load_no_model_code(tmp_path):
     """What the supervisor runs before its trainer (a dry run: the same checks) tokenises with
     the generic tokenizer alone: no model class of transformers, no warm-start trainer."""

@@ -50,7 +50,7 @@ def test_restarts_after_every_restart_fault_in_one_run_end_bit_identical(model_d
     Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 6))).run()
     faults = "faults=[crash@2,disk_full@2,sigkill@3:stage=gen,ckpt_kill@4,sigkill@5:stage=update_actor,hang@6:stage=adv]"
     proc = supervised(overrides(model_dir, faulty, 6, faults, "resilience.hang_timeout_s=10", "resilience.max_restarts=8"),
-                      timeout_s=480)  # five restarts, each a cold start
+                      timeout_s=480)  # five restarts
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("memory: ") == 1 and proc.stdout.count("roles:") == 1  # the first child's checks, not a restart's
     assert "openmp: threads wait as the environment sets them (OMP_WAIT_POLICY=PASSIVE)" in proc.stdout  # tests/conftest.py's

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reasonrl.config import Config
+from reasonrl.config.rules import validation_backend
 from reasonrl.data.mixing import check_sources
 from reasonrl.data.splits import tokenize_prompts
 from reasonrl.env.splits import run_splits
@@ -237,8 +238,7 @@ def local_cluster_size(cfg: Config, topology: Topology, model_dir: Path) -> tupl
 
 
 def _colocated(cfg: Config) -> Config:
-    """The config of the validation rollout worker beside the policy: the fast backend, or
-    transformers for a model it does not support, never a second vLLM engine; nothing
-    interrupts it (it shares the policy's module)."""
-    backend = "fast" if cfg.rollout.backend == "fast" else "hf"
-    return replace(cfg, rollout=replace(cfg.rollout, backend=backend, interrupt=False))
+    """The config of the validation rollout worker beside the policy: :func:`validation_backend`
+    (the fast backend, or transformers for a model it does not support, never a second vLLM
+    engine); nothing interrupts it (it shares the policy's module)."""
+    return replace(cfg, rollout=replace(cfg.rollout, backend=validation_backend(cfg), interrupt=False))

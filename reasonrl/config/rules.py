@@ -94,6 +94,13 @@ def ships_bf16_versions(cfg: Config) -> bool:
     return cfg.model.dtype == "bfloat16" or cfg.train.precision == "bf16-mixed"
 
 
+def validation_backend(cfg: Config) -> str:
+    """The backend of the trainer's validation, a rollout worker over the policy's own module
+    (the current weights): ``fast`` with rollout.backend=fast, else ``hf`` (transformers), so a
+    vllm run starts no second engine and a sim run validates the real model."""
+    return "fast" if cfg.rollout.backend == "fast" else "hf"
+
+
 def rollout_shares_policy(cfg: Config) -> bool:
     """Whether the rollout workers sample from the policy's own module (threads of the
     controller's process): ``runtime.roles.rollout.colocate=policy``, or ``auto`` with

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reasonrl.config import Config
-from reasonrl.config.rules import env_workers, reward_workers, rollout_shares_policy, unbounded_rewards
+from reasonrl.config.rules import (env_workers, reward_workers, rollout_shares_policy, unbounded_rewards,
+                                   validation_backend)
 from reasonrl.errors import InputError
 from reasonrl.runtime.group import LocalGroup, ThreadGroup
 from reasonrl.runtime.pool import PoolStart
@@ -150,6 +151,8 @@ def plan(cfg: Config) -> Topology:
         if used:
             add(role, "inline" if engine == "local" else "ray", 1)
     rollout = roles.rollout
+    validation = validation_backend(cfg)
+    validation = "" if validation == cfg.rollout.backend else f"; validation: {validation} backend over the policy's module"
     if rollout_shares_policy(cfg):
         if cfg.rollout.max_staleness > 0:
             raise InputError(f"runtime.roles.rollout.colocate = policy: rollout workers sharing the policy's module "
@@ -158,10 +161,10 @@ def plan(cfg: Config) -> Topology:
         if cfg.train.strategy == "fsdp":
             raise InputError("runtime.roles.rollout.colocate = policy: FSDP shards the policy's module, which a "
                              "rollout worker sharing it cannot sample from; set runtime.roles.rollout.colocate=none")
-        add("rollout", "thread", rollout.count, f"{cfg.rollout.backend} backend over the policy's own module",
+        add("rollout", "thread", rollout.count, f"{cfg.rollout.backend} backend over the policy's own module{validation}",
             colocate="policy")
     else:
-        add("rollout", remote, rollout.count, f"{cfg.rollout.backend} backend, weights of their own",
+        add("rollout", remote, rollout.count, f"{cfg.rollout.backend} backend, weights of their own{validation}",
             threads=rollout.threads or max(1, rollout_cores // rollout.count))
     if roles.reward.count:
         add("reward", remote, roles.reward.count, "a pool for the rollout producer and one for validation", pools=2,

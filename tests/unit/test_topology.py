@@ -80,6 +80,16 @@ def test_the_plan_prints_one_line_per_role_starting_with_its_name():
     assert lines[2].split()[1:3] == ["process", "x2"] and "threads 1" in lines[2] and "timeout 600 s" in lines[2]
 
 
+def test_the_rollout_line_says_when_validation_generates_with_another_backend():
+    """Validation generates over the policy's module with fast (rollout.backend=fast) or hf:
+    a vllm or sim run's plan says so, a fast or hf run's needs no word."""
+    for backend, validation in [("fast", None), ("hf", None), ("vllm", "hf"), ("sim", "hf")]:
+        _, topology = where([f"rollout.backend={backend}"])
+        [line] = [line for line in topology.lines() if line.startswith("rollout")]
+        said = f"; validation: {validation} backend over the policy's module)"
+        assert (said in line) == (validation is not None), line
+
+
 def test_a_rollout_sharing_the_policy_module_must_not_run_ahead():
     with pytest.raises(InputError, match=r"runtime.roles.rollout.colocate = policy: .*rollout.max_staleness = 1"):
         where(["rollout.mode=async", "rollout.max_staleness=1", "algo.off_policy=bypass",

@@ -224,8 +224,8 @@ def check_rewards(cfg: Config) -> None:
 
 
 REWARD_CHECK_ROWS = 16
-"""At most this many rows are graded before the start: the first of each data source, then
-the first rows, up to 4."""
+"""At most this many rows are graded before the start (:func:`check_reward_rows`): the first
+row of each data source and the first 4 rows."""
 
 
 def check_reward_rows(cfg: Config, prompts: list) -> str:

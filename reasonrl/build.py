@@ -129,7 +129,7 @@ def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
         source = _rollout_source(cfg, topology, run, model_dir, rank0, train.prompts, train.ids, tokenizer.pad_token_id,
                                  reservation, kinds)
         evaluation = RolloutWorker(_colocated(cfg), model_dir, module=rank0.module,
-                                   env_workers=_env_workers(topology, run.emit))
+                                   env_workers=_env_workers(topology, 0, run.emit, reservation))
         validation_rewards = pool_start(topology["reward"], part=1, reservation=reservation, emit=run.emit)
         evaluator = Evaluator(cfg, evaluation, RewardWorker(cfg, model_dir, validation_rewards), test.prompts, test.ids)
     except BaseException:
@@ -147,13 +147,16 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
     role, rollout_role = topology["rollout"], cfg.runtime.roles.rollout
     wrap = WorkerFaults(run.faults) if "slow" in kinds else None
 
-    def launch() -> ThreadGroup:
+    def args(index: int) -> tuple:
+        """Rollout worker ``index``'s: its environment workers are pool ``index + 1``."""
         if role.where == "thread":
-            one = (cfg, model_dir, rank0.module, 0, _env_workers(topology, run.emit))
-        else:  # the events of environment workers in another process have no way back
-            one = (cfg, model_dir, None, role.threads, _env_workers(topology, None))
-        workers = spawn(role, build_rollout_worker, [one] * role.count, concurrent=FLEET_CONCURRENT, wrap=wrap,
-                        reservation=reservation)
+            return cfg, model_dir, rank0.module, 0, _env_workers(topology, index + 1, run.emit, reservation)
+        # the events of environment workers in another process have no way back
+        return cfg, model_dir, None, role.threads, _env_workers(topology, index + 1, None, reservation)
+
+    def launch() -> ThreadGroup:
+        workers = spawn(role, build_rollout_worker, [args(i) for i in range(role.count)], concurrent=FLEET_CONCURRENT,
+                        wrap=wrap, reservation=reservation)
         try:
             probe = workers.submit_to(0, "capabilities").result(timeout=role.timeout_s)
             sender = None if role.where == "thread" else WeightSender(sync_dtype(cfg))  # threads share the module
@@ -164,7 +167,7 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
                                  quarantine_steps=rollout_role.quarantine_steps,
                                  quarantine_min_s=cfg.resilience.slow_min_s,
                                  detector=run.slow, clock=run.clock, emit=run.emit,
-                                 new_worker=lambda i: worker_args(i, one), sender=sender)
+                                 new_worker=lambda i: worker_args(i, args(i)), sender=sender)
             reward = RewardWorker(cfg, model_dir, pool_start(topology["reward"], reservation=reservation, emit=run.emit))
             if kinds & {"reward_timeout", "reward_error"}:
                 reward = FaultyRewards(reward, run.faults, run.clock)
@@ -196,10 +199,12 @@ def build_rollout_worker(cfg: Config, model_dir: Path, module, threads: int, env
     return RolloutWorker(cfg, model_dir, module=module, env_workers=env_workers)
 
 
-def _env_workers(topology: Topology, emit: Callable[..., None] | None):
-    """How a rollout worker starts its environment workers (None: no env, or envs in the
-    rollout worker's own process); their restarts go to ``emit``."""
-    return pool_start(topology["env"], emit=emit) if "env" in topology else None
+def _env_workers(topology: Topology, part: int, emit: Callable[..., None] | None, reservation):
+    """How a rollout worker starts its environment workers, pool ``part`` of the env role
+    (0: validation's, ``i + 1``: rollout worker ``i``'s; on Ray each in its bundles of
+    ``reservation``); None: no env, or envs in the rollout worker's own process. Their
+    restarts go to ``emit``."""
+    return pool_start(topology["env"], part=part, emit=emit, reservation=reservation) if "env" in topology else None
 
 
 def ray_reservation(cfg: Config, topology: Topology, model_dir: Path):

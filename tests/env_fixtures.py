@@ -198,3 +198,17 @@ class RaisingReset(Faulty):
         if seed == 1:
             raise RuntimeError("no board for seed 1")
         return super().reset(seed)
+
+
+class RecordsItsProcess(GuessNumber):
+    """GuessNumber, built in a process that appends ``pid ppid actor`` to the file ``log`` (one
+    line per environment built; ``actor``: the Ray actor's id where the process is one, else
+    ``-``): where an environment worker runs shows there."""
+
+    def __init__(self, log: str):
+        import sys
+
+        ray = sys.modules.get("ray")
+        actor = ray.get_runtime_context().get_actor_id() if ray is not None and ray.is_initialized() else None
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {os.getppid()} {actor or '-'}\n")

@@ -29,7 +29,11 @@ the trainer and the rollout workers split. They belong to the pool that uses the
 is per pool), started by :func:`pool_start`: the reward workers of the rollout producer and those of
 validation are two pools, processes of the controller's process, or Ray actors placed by
 ``runtime.roles.reward`` with ``runtime.engine=ray`` (each pool in bundles of its own); the
-environment workers are processes of each rollout worker, on Ray too (inside its actor).
+environment workers are a pool of each rollout worker and one of validation's: processes of
+that worker's process, or with ``runtime.engine=ray`` Ray actors placed by ``runtime.roles.env``,
+each pool in bundles of its own (pool 0 validation's, pool ``i + 1`` rollout worker ``i``'s; a
+rollout worker the fleet grows past the reservation gets its pool outside it, as the worker
+itself is).
 """
 
 from __future__ import annotations
@@ -178,10 +182,11 @@ def plan(cfg: Config) -> Topology:
             "bounded time")
     if cfg.env.name:
         if env_workers(cfg):
-            add("env", "process", env_workers(cfg), "environment processes of each rollout worker"
-                + (", inside its actor" if engine == "ray" else "")
+            add("env", remote, env_workers(cfg),
+                ("a pool of actors for each rollout actor and one for validation" if engine == "ray"
+                 else "environment processes of each rollout worker")
                 + ("" if roles.env.count else f" ({cfg.env.name}: the user's code, so one, killed at its timeout)"),
-                threads=roles.env.threads or POOL_THREADS)
+                threads=roles.env.threads or POOL_THREADS, pools=rollout.count + 1 if engine == "ray" else 1)
         else:
             add("env", "inline", 1, "stepped in each rollout worker: a shipped environment, bounded by construction")
     return Topology(engine, out)
@@ -253,16 +258,22 @@ def pool_start(role: RolePlan, *, part: int = 0, reservation=None, emit: Callabl
                ) -> PoolStart | None:
     """How the workers of pool ``part`` (of ``role.pools``) of a pooled role (reward, env)
     start: ``role.count`` workers where ``role`` says, each call bounded by ``role.timeout_s``,
-    restarts reported to ``emit``; on Ray in that pool's bundles of ``reservation``. None
-    where the role is inline (its pool works in the caller's process)."""
+    restarts reported to ``emit``; on Ray in that pool's bundles of ``reservation`` (an env
+    pool past ``role.pools``, of a rollout worker the fleet grew, with the same resources
+    outside it; processes: every rollout worker's pool is alike). None where the role is
+    inline (its pool works in the caller's process)."""
     if role.where == "inline":
         return None
-    if not 0 <= part < role.pools:
+    if part < 0 or (part >= role.pools and role.role != "env"):
         raise ValueError(f"pool_start({role.role}): pool {part} of {role.pools}")
     options = None
     if role.where == "ray" and reservation is not None:
-        mine = slice(part * role.count, (part + 1) * role.count)
-        options = {name: per_actor[mine] for name, per_actor in reservation.options(role.role).items()}
+        reserved = reservation.options(role.role)
+        if part < role.pools:
+            mine = slice(part * role.count, (part + 1) * role.count)
+            options = {name: per_actor[mine] for name, per_actor in reserved.items()}
+        else:  # the env pool of a rollout worker grown past the reservation: outside it, as that worker is
+            options = {"resources": reserved["resources"][:role.count]}
     return PoolStart(role.role, role.count, role.timeout_s, role.where, ray_options=options, emit=emit,
                      threads=role.threads)
 

@@ -66,6 +66,33 @@ def test_a_seeded_synchronous_ray_run_ends_with_the_local_runs_weights(model_dir
     assert all(r["rollout/worker1/groups"] > 0 for r in rows["ray"])  # both actors served every step
 
 
+def test_environment_workers_on_ray_are_actors_of_their_own_placed_by_runtime_roles_env(model_dir, tmp_path):
+    log = tmp_path / "envs.log"  # each environment built appends its process and that one's parent
+    proc = _train("grpo", [f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}", "run.progress=false",
+                           "run.threads=1", "data.train_size=32", "data.test_size=4", "train.total_steps=2",
+                           "train.prompts_per_step=4", "rollout.n=2", "train.mini_batch_size=8",
+                           "train.micro_batch_size=8", "rollout.max_new_tokens=4", "eval.every_steps=2",
+                           "eval.n_prompts=4", "eval.k=1", "checkpoint.every_steps=0", "runtime.engine=ray",
+                           "runtime.roles.rollout.count=2", "runtime.roles.rollout.threads=1",
+                           "env.name=tests.env_fixtures:RecordsItsProcess", f"env.args={{log: {log}}}",
+                           "env.max_turns=2", "runtime.roles.env.count=1", "runtime.roles.env.cpus=0.5"])
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, _[-3000:]
+    [line] = [line.strip() for line in out.splitlines() if line.strip().startswith("env ")]
+    assert line.split()[1:3] == ["ray", "x3x1"] and "0.5 cpu" in line, line  # validation's pool and one per actor
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "actor/grad_norm" in r] == [1, 2] and "val/acc" in rows[-1]
+    assert all(r["rollout/worker0/groups"] > 0 and r["rollout/worker1/groups"] > 0 for r in rows if "actor/grad_norm" in r)
+    [started] = [e for e in read_jsonl(tmp_path / "run" / "events.jsonl") if e["kind"] == "rollout_started"]
+    rollout = set(started["pids"])
+    built = {tuple(entry.split()) for entry in log.read_text().splitlines()}
+    actors = {actor: (int(pid), int(parent)) for pid, parent, actor in built if actor != "-"}
+    assert len(actors) == 3, built  # validation's pool's actor and the one of each rollout actor
+    assert any(actor == "-" for *_, actor in built)  # the pre-start check's resets, in a process of the driver's
+    pids, parents = {pid for pid, _ in actors.values()}, {parent for _, parent in actors.values()}
+    assert not pids & (rollout | {proc.pid}) and not parents & rollout  # beside the rollout actors, not inside them
+
+
 @pytest.mark.serial  # the slowed actor is found by wall time
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
 def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout_actor_loses_no_prompt(model_dir, tmp_path):

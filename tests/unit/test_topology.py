@@ -44,8 +44,9 @@ def test_ray_puts_every_role_but_rank_0_in_actors():
     roles, topology = where(["runtime.engine=ray", "runtime.roles.rollout.count=2", "algo.adv_estimator=gae",
                              "runtime.trainer_ranks=2", "env.name=grid"])
     assert roles["rollout"] == ("ray", 2, "") and roles["critic"] == ("ray", 1, "") and roles["policy"] == ("ray", 2, "")
-    assert roles["env"] == ("process", 2, "") and "inside its actor" in topology["env"].line()
-    assert topology.ray_actors() == {"policy": 1, "critic": 1, "rollout": 2}
+    # environment workers: a pool of actors for each rollout actor and one for validation
+    assert roles["env"] == ("ray", 2, "") and topology["env"].pools == 3 and topology["env"].line().split()[1:3] == ["ray", "x3x2"]
+    assert topology.ray_actors() == {"policy": 1, "critic": 1, "rollout": 2, "env": 6}
 
 
 def test_reward_workers_are_ray_actors_on_ray_two_pools_of_count_and_processes_elsewhere():
@@ -62,7 +63,18 @@ def test_reward_workers_are_ray_actors_on_ray_two_pools_of_count_and_processes_e
     second = pool_start(topology["reward"], part=1, reservation=Reservation())
     assert (second.where, second.count, second.timeout_s) == ("ray", 2, 7.0)
     assert second.ray_options["placement"] == ["reward bundle 2", "reward bundle 3"]
-    assert pool_start(topology["env"]) == PoolStart("env", 3, topology["env"].timeout_s)
+    env = topology["env"]  # validation's pool (0) and rollout actor i's (i + 1), each in its bundles
+    assert (env.where, env.pools) == ("ray", 2) and topology.ray_actors()["env"] == 6
+
+    class EnvReservation:
+        def options(self, role):
+            return {"resources": [{"CPU": 0.5}] * 6, "placement": [f"{role} bundle {i}" for i in range(6)]}
+
+    assert pool_start(env, part=1, reservation=EnvReservation()).ray_options["placement"] == [f"env bundle {i}" for i in (3, 4, 5)]
+    grown = pool_start(env, part=2, reservation=EnvReservation())  # a rollout actor the fleet grew: outside the bundles
+    assert grown.ray_options == {"resources": [{"CPU": 0.5}] * 3} and grown.count == 3
+    _, local_env = where(["env.name=grid", "runtime.roles.env.count=3", "runtime.roles.rollout.count=2"])
+    assert pool_start(local_env["env"], part=2) == PoolStart("env", 3, local_env["env"].timeout_s)  # every pool alike
     with pytest.raises(ValueError, match="pool 2 of 2"):
         pool_start(topology["reward"], part=2)
     _, local = where(["runtime.roles.reward.count=2"])

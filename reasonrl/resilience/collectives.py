@@ -33,7 +33,7 @@ import json
 import math
 import statistics
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from reasonrl.config.faults import RANK_FAULTS
 from reasonrl.errors import InputError
 from reasonrl.metrics import EventLog
 from reasonrl.resilience.faults import parse_faults
+from reasonrl.resilience.guards import SlowdownDetector
 from reasonrl.resilience.injection import FaultyRank
 from reasonrl.runtime import LocalGroup, ProcessGroup, setup_torch
 from reasonrl.runtime.ranks import RankGroup
@@ -397,14 +398,17 @@ class RankMonitor:
 
     Rule: once :func:`analyse`'s rule names a slow rank (``resilience.slow_ratio``,
     ``resilience.slow_min_s``, the last ``window`` steps), it emits ``straggler`` and returns
-    speed weights ``w_r ∝ share_r / compute_r`` (the compute of each rank in the newest step
-    per unit of its share), so the slow rank gets a smaller share, as
-    :class:`~reasonrl.rollout.fleet.RolloutFleet` does for rollout workers. While a
-    rank is flagged the weights follow the measured speeds, per rank the median compute per
-    share over the steps since the onset (the last ``window``), and are returned when one moves
-    by more than 10 %; once the slowest rank's median compute per share is within
-    ``(1 + ratio) / 2`` of the fastest's, it emits ``straggler_recovered`` and returns equal
-    weights.
+    speed weights, so the slow rank gets a smaller share. The speeds are the run's one fail-slow
+    record, a :class:`~reasonrl.resilience.guards.SlowdownDetector`, which gives rollout workers
+    their shares of the fleet's dispatch the same way (:meth:`~SlowdownDetector.weights`): each
+    rank's compute in a step per unit of its share is a sample of its stage ``update``, and
+    ``w_r ∝ 1 / median(r's samples since the onset, the last window)``. While a rank is
+    flagged the weights are returned when one moves by more than 10 %; once the slowest
+    rank's median compute per share is within ``(1 + ratio) / 2`` of the fastest's
+    (``max(w) <= (1 + ratio) / 2 * min(w)``), it emits ``straggler_recovered``, the record is
+    forgotten and equal weights are returned. What flags a rank is the trace's evidence (the
+    rank the others waited for at their collectives); a rollout worker, its stage times
+    against its own baseline.
     ``on_timeout`` names the rank that never entered the newest collective (a ``hang`` event).
     Without a trace (``runtime.trace_collectives=false``) it finds nothing.
     """
@@ -417,7 +421,8 @@ class RankMonitor:
         self.reader = TraceReader(trace_dir, keep_steps=window)
         self.shares = [1.0 / world] * world
         self.flagged: int | None = None
-        self._per_share: deque[list[float]] = deque(maxlen=window)  # compute per share, steps since the onset
+        self.speeds = SlowdownDetector(window, self.ratio, min_steps=window)
+        """Compute per share of each rank over the steps since the onset (the last ``window``)."""
 
     def _emit(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
         if self.events is not None:
@@ -441,19 +446,21 @@ class RankMonitor:
             return Found([])
         if self.flagged is None and report.slow is None:
             return Found([])
-        self._per_share.append([compute[r] / self.shares[r] for r in range(self.world)])
-        per_share = [statistics.median(s[r] for s in self._per_share) for r in range(self.world)]
-        speeds = [1.0 / c for c in per_share]
-        balanced = [s / sum(speeds) for s in speeds]
+        ranks = list(range(self.world))
+        for r in ranks:
+            self.speeds.update("update", r, step, compute[r], work=self.shares[r])
+        weights = self.speeds.weights("update", ranks)
+        balanced = [weights[r] for r in ranks]
         if self.flagged is None:
             self.flagged, self.shares = report.slow.rank, balanced
             event = self._emit("straggler", step, rank=report.slow.rank, lateness_s=report.slow.lateness_s,
                                share=balanced[report.slow.rank], shares=balanced)
             return Found([event], list(balanced))
-        if max(per_share) <= (1 + self.ratio) / 2 * min(per_share):
+        if max(balanced) <= (1 + self.ratio) / 2 * min(balanced):
             rank, self.flagged = self.flagged, None
             self.shares = [1.0 / self.world] * self.world
-            self._per_share.clear()
+            for r in ranks:
+                self.speeds.forget("update", r)
             return Found([self._emit("straggler_recovered", step, rank=rank)], list(self.shares))
         if any(abs(b - s) > 0.1 * s for b, s in zip(balanced, self.shares)):
             self.shares = balanced

@@ -194,7 +194,9 @@ class _Series:
 
 
 class SlowdownDetector:
-    """Two-window change-point test for fail-slow workers (stragglers).
+    """Two-window change-point test for fail-slow workers (stragglers), and the record of
+    speeds whose :meth:`weights` are the shares of rollout workers (the fleet's dispatch) and
+    of trainer ranks (:class:`~reasonrl.resilience.collectives.RankMonitor`).
 
     Each sample is a stage's time per unit of its work in one step (``seconds / work``: per
     prompt, per trained token; the calls of one step, such as dynamic sampling's refills, add

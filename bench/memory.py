@@ -111,7 +111,7 @@ def worker(spec: dict) -> dict:
 
     cfg = load(str(RECIPE), spec["overrides"])
     start = time.perf_counter()
-    trainer = Controller(cfg, log=log)
+    trainer = Controller.from_config(cfg, log=log)
     setup_s = time.perf_counter() - start
     walls = []
     for _ in range(spec["steps"]):  # the first step also pays one-time costs: the last one is reported
@@ -125,7 +125,7 @@ def worker(spec: dict) -> dict:
         "grad_checkpointing": cfg.train.grad_checkpointing,
         "lora_rank": cfg.model.lora.rank,
         "lm_head_chunk": cfg.train.lm_head_chunk,
-        "trained_parameters": sum(p.numel() for p in trainer.rank0.module.parameters() if p.requires_grad),
+        "trained_parameters": sum(p.numel() for p in trainer.roles.rank0.module.parameters() if p.requires_grad),
         "step_peak_gb": round(m["perf/max_memory_gb"], 2),
         "process_peak_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, 2),
         "estimate_gb": round(estimate.peak / GB, 2),

@@ -108,7 +108,7 @@ from reasonrl.config import load
 from reasonrl.runtime.process import start_worker_processes
 start_worker_processes(("reasonrl.build",))  # as a trainer does: the workers' zygote
 imported = time.time()
-controller = reasonrl.controller.Controller(load(sys.argv[2], sys.argv[3:]))
+controller = reasonrl.controller.Controller.from_config(load(sys.argv[2], sys.argv[3:]))
 built = time.time()
 controller.run()
 print(json.dumps({"began": began, "up": up, "imported": imported, "built": built}))

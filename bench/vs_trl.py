@@ -209,7 +209,7 @@ def worker_reasonrl(spec: dict) -> None:
     from reasonrl.config import load
     from reasonrl.controller import Controller
 
-    trainer = Controller(load(str(RECIPE), reasonrl_overrides(spec)), log=log)
+    trainer = Controller.from_config(load(str(RECIPE), reasonrl_overrides(spec)), log=log)
     [policy] = trainer.policy.workers
     eval0 = evaluate(policy.module, 0)
     import torch

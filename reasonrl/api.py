@@ -99,7 +99,7 @@ def train_in_process(cfg: Config, on_step: StepCallback | None = None) -> tuple[
     follow_supervisor()
     standby = is_standby()
     ahead = run_cfg.run.device == "cpu" and topology.engine == "local" and run_cfg.runtime.trainer_ranks == 1
-    controller = Controller(run_cfg, topology=topology) if ahead or not standby else None
+    controller = Controller.from_config(run_cfg, topology=topology) if ahead or not standby else None
     if standby:
         if controller is not None:
             controller.prepare()
@@ -112,7 +112,7 @@ def train_in_process(cfg: Config, on_step: StepCallback | None = None) -> tuple[
             controller.close()
             controller = None
         if controller is None:
-            controller = Controller(asked, topology=prepare(asked))
+            controller = Controller.from_config(asked, topology=prepare(asked))
     last = controller.run(on_step)
     return final_summary(last, console_fields(cfg.rollout.mode)), controller.stopped_by
 

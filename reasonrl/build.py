@@ -1,8 +1,8 @@
 """Build a run's roles from its Config, every role through the topology.
 
-    topology = plan(cfg)                                  # where each role runs
-    roles = build(cfg, topology, run, log)                # the workers, the rollout source, validation
-    controller = Controller(cfg, log, topology)           # locks the run, builds its roles, holds the loop
+    cfg, run = open_run(cfg)                              # the run directory locked, events, faults
+    roles = build(cfg, plan(cfg), run, log)               # every worker where the topology puts it
+    controller = Controller(roles, cfg, log)              # the loop over them (Controller.from_config: all three)
 
 The rollout side is one path in every mode: an :class:`~reasonrl.rollout.source.AsyncSource`
 whose producer (sampler, scheduler, prompt records, reward grading) runs on a thread of this
@@ -19,25 +19,30 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from reasonrl.config import Config
 from reasonrl.config.rules import validation_backend
 from reasonrl.data.mixing import check_sources
 from reasonrl.data.splits import tokenize_prompts
 from reasonrl.env.splits import run_splits
 from reasonrl.evaluation import Evaluator
+from reasonrl.loggers import check_loggers
+from reasonrl.metrics import EventLog
 from reasonrl.models.loading import load_tokenizer, model_context
 from reasonrl.resilience.collectives import TRACE_DIR, RankMonitor, launch_ranks
-from reasonrl.resilience.faults import FaultPlan
-from reasonrl.resilience.guards import SlowdownDetector
-from reasonrl.resilience.injection import FaultyPolicy, FaultyRewards, WorkerFaults
+from reasonrl.resilience.faults import FaultPlan, parse_faults
+from reasonrl.resilience.guards import SlowdownDetector, SpikeDetector, run_detectors
+from reasonrl.resilience.injection import WorkerFaults, unwrapped
+from reasonrl.resilience.rundir import RunLock, check_run_dir
 from reasonrl.restarts import RestartPolicy
 from reasonrl.rollout.fleet import FLEET_CONCURRENT, RolloutFleet
 from reasonrl.rollout.source import AsyncSource, RolloutProducer
 from reasonrl.rollout.weight_sync import WeightSender, sync_dtype
-from reasonrl.runtime import LocalGroup, WorkerDied, WorkerTimeout, available_cores, setup_torch
+from reasonrl.runtime import WorkerDied, WorkerTimeout, available_cores, setup_torch
 from reasonrl.runtime.group import ThreadGroup
+from reasonrl.runtime.scaling import ScaleSchedule, scaled
 from reasonrl.runtime.topology import Topology, pool_start, rank_threads, reset_start, spawn, worker_args
-from reasonrl.runtime.scaling import ScaleSchedule
 from reasonrl.types import Prompt
 from reasonrl.warmstart import resolve_model_dir
 from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker
@@ -45,25 +50,55 @@ from reasonrl.workers import CriticWorker, PolicyWorker, ReferenceWorker, Reward
 
 @dataclass
 class RunContext:
-    """What building needs from the run: its directory, events, fault plan, the fail-slow
-    detector and the controller's step clock (the step being run, 1-based)."""
+    """A run's house, opened before its roles are built (:func:`open_run`): its directory and
+    that directory's lock, its events, fault plan and detectors (spikes, fail-slow), and the
+    steps done so far (``done``, the controller's count: :meth:`clock` is the step being run,
+    1-based; :meth:`emit` logs an event at ``done``)."""
 
     run_dir: Path
-    emit: Callable[..., None]
+    lock: RunLock
+    events: EventLog
     faults: FaultPlan
+    spikes: SpikeDetector
     slow: SlowdownDetector
-    clock: Callable[[], int]
-    events: Any = None
+    done: int = 0
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.events.emit(kind, self.done, **fields)
+
+    def clock(self) -> int:
+        return self.done + 1
+
+
+def open_run(cfg: Config) -> tuple[Config, RunContext]:
+    """Check the loggers and the run directory, lock it (one trainer per directory), and open
+    the run: its events, fault plan and detectors. Returns the config with the counts
+    ``reasonrl scale`` asked for (:func:`~reasonrl.runtime.scaling.scaled`) and the context;
+    nothing is written to the directory until the controller's resume check has passed."""
+    check_loggers(cfg.run.loggers)
+    run_dir = Path(cfg.run.dir)
+    check_run_dir(run_dir)
+    lock = RunLock(run_dir, "trainer").acquire()
+    try:
+        cfg = scaled(cfg, run_dir)
+        torch.manual_seed(cfg.run.seed)
+        spikes, slow = run_detectors(cfg.resilience, events := EventLog(run_dir))
+        return cfg, RunContext(run_dir, lock, events, parse_faults(list(cfg.faults)).bind(run_dir), spikes, slow)
+    except BaseException:
+        lock.release()
+        raise
 
 
 @dataclass
 class Roles:
     """A run's workers and the data they were built for.
 
-    policy: the trainer ranks (rank 0 first); rank0: rank 0's PolicyWorker in this process;
-    reference, critic: their groups or None; source: the rollout side; evaluator: validation;
-    rank_monitor: names slow or stuck ranks (several ranks); train: the training prompts."""
+    run: the run they were built for; policy: the trainer ranks (rank 0 first); rank0: rank
+    0's PolicyWorker in this process; reference, critic: their groups or None; source: the
+    rollout side; evaluator: validation; rank_monitor: names slow or stuck ranks (several
+    ranks); train: the training prompts."""
 
+    run: RunContext
     topology: Topology
     model_dir: Path
     tokenizer: Any
@@ -110,7 +145,7 @@ def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
         cluster, reservation = ray_reservation(cfg, topology, model_dir)
         closers += [cluster.close, reservation.close]
     try:
-        kinds = {f.kind for f in run.faults.faults}
+        faults = WorkerFaults(run.faults, run.clock)
         world = cfg.runtime.trainer_ranks
         monitor = None
         if world > 1:  # rank 0 here, the others beside it
@@ -118,16 +153,17 @@ def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
             rank0 = policy_group.local
             setup_torch(rank_threads(cfg), cfg.run.deterministic)
             monitor = RankMonitor(run.run_dir / TRACE_DIR, world, run.events, cfg.resilience, cfg.runtime)
-        else:
-            rank0 = PolicyWorker(cfg, model_dir)
-            policy_group = LocalGroup([FaultyPolicy(rank0, run.faults, run.clock) if "nan" in kinds else rank0])
+        else:  # rank 0 inline: the wrapped worker takes the calls, the module is rank 0's own
+            policy_group = spawn(topology["policy"], PolicyWorker, [(cfg, model_dir)], wrap=faults)
+            rank0 = unwrapped(policy_group.workers[0])
         reference = critic = None
         if "reference" in topology:
-            reference = spawn(topology["reference"], ReferenceWorker, [(cfg, model_dir)], reservation=reservation)
+            reference = spawn(topology["reference"], ReferenceWorker, [(cfg, model_dir)], wrap=faults,
+                              reservation=reservation)
         if "critic" in topology:
-            critic = spawn(topology["critic"], CriticWorker, [(cfg, model_dir)], reservation=reservation)
+            critic = spawn(topology["critic"], CriticWorker, [(cfg, model_dir)], wrap=faults, reservation=reservation)
         source = _rollout_source(cfg, topology, run, model_dir, rank0, train.prompts, train.ids, tokenizer.pad_token_id,
-                                 reservation, kinds)
+                                 reservation, faults)
         evaluation = RolloutWorker(_colocated(cfg), model_dir, module=rank0.module,
                                    env_workers=_env_workers(topology, 0, run.emit, reservation))
         validation_rewards = pool_start(topology["reward"], part=1, reservation=reservation, emit=run.emit)
@@ -136,16 +172,16 @@ def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
         for close in reversed(closers):
             close()
         raise
-    return Roles(topology, model_dir, tokenizer, train.prompts, policy_group, rank0, reference, critic, source, evaluator,
-                 monitor, closers)
+    return Roles(run, topology, model_dir, tokenizer, train.prompts, policy_group, rank0, reference, critic, source,
+                 evaluator, monitor, closers)
 
 
 def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir: Path, rank0: PolicyWorker,
-                    prompts: list[Prompt], ids: list[list[int]], pad_id: int, reservation, kinds: set[str]) -> AsyncSource:
+                    prompts: list[Prompt], ids: list[list[int]], pad_id: int, reservation, faults: WorkerFaults
+                    ) -> AsyncSource:
     """The rollout side: on :meth:`AsyncSource.publish`'s first call, the rollout workers are
     spawned, the fleet and the producer built, the producer hosted on a thread of its own."""
     role, rollout_role = topology["rollout"], cfg.runtime.roles.rollout
-    wrap = WorkerFaults(run.faults) if "slow" in kinds else None
 
     def args(index: int) -> tuple:
         """Rollout worker ``index``'s: its environment workers are pool ``index + 1``."""
@@ -156,7 +192,7 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
 
     def launch() -> ThreadGroup:
         workers = spawn(role, build_rollout_worker, [args(i) for i in range(role.count)], concurrent=FLEET_CONCURRENT,
-                        wrap=wrap, reservation=reservation)
+                        wrap=faults, reservation=reservation)
         try:
             probe = workers.submit_to(0, "capabilities").result(timeout=role.timeout_s)
             sender = None if role.where == "thread" else WeightSender(sync_dtype(cfg))  # threads share the module
@@ -168,9 +204,8 @@ def _rollout_source(cfg: Config, topology: Topology, run: RunContext, model_dir:
                                  quarantine_min_s=cfg.resilience.slow_min_s,
                                  detector=run.slow, clock=run.clock, emit=run.emit,
                                  new_worker=lambda i: worker_args(i, args(i)), sender=sender)
-            reward = RewardWorker(cfg, model_dir, pool_start(topology["reward"], reservation=reservation, emit=run.emit))
-            if kinds & {"reward_timeout", "reward_error"}:
-                reward = FaultyRewards(reward, run.faults, run.clock)
+            reward = faults(RewardWorker(cfg, model_dir, pool_start(topology["reward"], reservation=reservation,
+                                                                    emit=run.emit)), "reward", 0)
             producer = RolloutProducer(cfg, fleet, reward, prompts, ids, pad_id, sizes=ScaleSchedule(cfg.run.dir).count)
         except BaseException:
             workers.close()

@@ -139,7 +139,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         print(f"memory: {plan.memory}", flush=True)
         print(f"openmp: threads wait {args.openmp_waits}", flush=True)
-        controller = Controller(cfg)
+        controller = Controller.from_config(cfg)
         controller.run()
         if controller.stopped_by is not None:
             return 128 + controller.stopped_by

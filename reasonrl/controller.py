@@ -20,13 +20,12 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
 from reasonrl import algo
-from reasonrl.build import RunContext, build
+from reasonrl.build import Roles, build, open_run
 from reasonrl.checkpoint import ProcessRNG, StateRegistry, find_latest
 from reasonrl.checkpoint.checkpointer import Checkpointer, data_fingerprint
 from reasonrl.checkpoint.snapshot import SnapshotStore
@@ -34,17 +33,16 @@ from reasonrl.config import Config, dump
 from reasonrl.data.mixing import held_out_accuracy
 from reasonrl.errors import LimitError, WriteError
 from reasonrl.experiments.forecast import RunForecast
-from reasonrl.loggers import check_loggers, open_loggers
+from reasonrl.loggers import open_loggers
 from reasonrl.memory import PeakMemory
-from reasonrl.metrics import EventLog, MetricsSink, Sample, StepLog, console_fields, logging_step, read_jsonl, timed
+from reasonrl.metrics import MetricsSink, Sample, StepLog, console_fields, logging_step, read_jsonl, timed
 from reasonrl.resilience.ettr import effective_time, step_seconds
-from reasonrl.resilience.faults import parse_faults
-from reasonrl.resilience.guards import NonFiniteGuard, StageWatchdog, run_detectors
+from reasonrl.resilience.guards import NonFiniteGuard, StageWatchdog
 from reasonrl.resilience.injection import FaultyHeartbeat, checkpoint_writer
-from reasonrl.resilience.rundir import RunLock, check_run_dir, snapshot_dir
+from reasonrl.resilience.rundir import snapshot_dir
 from reasonrl.rollout.agent_loop import AgentLoop
 from reasonrl.runtime import WorkerTimeout
-from reasonrl.runtime.scaling import IdleRule, ScaleWatch, request_scale, scaled
+from reasonrl.runtime.scaling import IdleRule, ScaleWatch, request_scale
 from reasonrl.runtime.topology import Topology, plan
 from reasonrl.samples import sample_records
 from reasonrl.trainer.update import sampler_gap
@@ -70,42 +68,31 @@ class _Role:
 
 
 class Controller:
-    """Trains a run's roles (:func:`reasonrl.build.build`, where :func:`~reasonrl.runtime.topology.plan`
-    puts them) to ``train.total_steps`` (``run()``).
+    """Trains a run's roles to ``train.total_steps`` (``run()``): the loop, its guards and the
+    registry of what a checkpoint holds, over the workers :func:`reasonrl.build.build` placed.
 
-    The run directory is locked for the controller's life (one trainer per directory) and
-    nothing is written to it until the resume check has passed: a refused resume leaves the
-    directory as it was. ``close()`` releases everything.
+        controller = Controller.from_config(cfg)     # open the run, build its roles, then this
+        controller.run()
+
+    The run directory is locked for the controller's life (one trainer per directory, taken
+    by :func:`~reasonrl.build.open_run`) and nothing is written to it until the resume check
+    has passed: a refused resume leaves the directory as it was. ``close()`` releases
+    everything.
     """
 
-    def __init__(self, cfg: Config, log=print, topology: Topology | None = None) -> None:
-        self.cfg = cfg
-        self.log = log
-        check_loggers(cfg.run.loggers)
-        self.run_dir = Path(cfg.run.dir)
-        check_run_dir(self.run_dir)
-        self.lock = RunLock(self.run_dir, "trainer").acquire()
-        try:
-            self.cfg = cfg = scaled(cfg, self.run_dir)  # the counts reasonrl scale asked for
-            self._build(cfg, log, topology or plan(cfg))
-        except BaseException:
-            self.lock.release()
-            raise
-
-    def _build(self, cfg: Config, log, topology: Topology) -> None:
-        torch.manual_seed(cfg.run.seed)
-        self.events = EventLog(self.run_dir)
-        self.step_count = 0
+    def __init__(self, roles: Roles, cfg: Config, log=print) -> None:
+        self.cfg, self.log, self.roles = cfg, log, roles
+        run = self.run_context = roles.run
+        self.run_dir, self.lock, self.events, self.faults = run.run_dir, run.lock, run.events, run.faults
+        self.spikes, self.slow = run.spikes, run.slow
         self.version = 0
         """The policy version the next batch is trained from (the last one published)."""
         self.stopped_by: int | None = None
         """The signal (SIGINT, SIGTERM) that stopped ``run()`` early, if one did."""
         self.stop_flag = _StopFlag()
         """Set by SIGINT or SIGTERM while :meth:`run` runs, or by :meth:`request_stop`."""
-        self.faults = parse_faults(list(cfg.faults)).bind(self.run_dir)
         r = cfg.resilience
         self.nonfinite = NonFiniteGuard(r.nonfinite_max_consecutive, self.events)
-        self.spikes, self.slow = run_detectors(r, self.events)
         self.peak_memory = PeakMemory(cfg.run.device)
         self.watchdog = self.heartbeat = None
         self.last_record: dict[str, list] = {}
@@ -114,17 +101,13 @@ class Controller:
         """Sample records of the last step's batch (:mod:`reasonrl.samples`)."""
         self.val_samples: list[dict] = []
         """Sample records of the last validation, every one."""
-        context = RunContext(self.run_dir, lambda kind, **fields: self.events.emit(kind, self.step_count, **fields),
-                             self.faults, self.slow, lambda: self.step_count + 1, self.events)
-        self.roles = build(cfg, topology, context, log)
-        self.topology = topology
-        self.model_dir, self.tokenizer = self.roles.model_dir, self.roles.tokenizer
+        self.topology = roles.topology
+        self.model_dir, self.tokenizer = roles.model_dir, roles.tokenizer
         self.pad_id = self.tokenizer.pad_token_id
-        self.fingerprint = data_fingerprint(self.roles.train)
-        self.policy, self.rank0 = self.roles.policy, self.roles.rank0
-        self.reference, self.critic = self.roles.reference, self.roles.critic
-        self.source, self.evaluator = self.roles.source, self.roles.evaluator
-        self.rank_monitor = self.roles.rank_monitor
+        self.fingerprint = data_fingerprint(roles.train)
+        self.policy, self.reference, self.critic = roles.policy, roles.reference, roles.critic
+        self.source, self.evaluator = roles.source, roles.evaluator
+        self.rank_monitor = roles.rank_monitor
         """Names a slow or stuck trainer rank from the collectives' trace (several ranks)."""
         self.trainer_numerics = trainer_numerics(cfg)
         registry = StateRegistry()
@@ -135,6 +118,33 @@ class Controller:
         """Save, resume, roll back, snapshot (under a supervisor); its state (the config check) is
         the first the registry restores."""
         self._register(registry)
+
+    @classmethod
+    def from_config(cls, cfg: Config, log=print, topology: Topology | None = None) -> Controller:
+        """Open the run (:func:`~reasonrl.build.open_run`: the directory checked and locked),
+        build its roles where ``topology`` (default: :func:`~reasonrl.runtime.topology.plan`
+        of the config) puts them, and return the controller over them; whatever was started
+        is closed again if a step of that fails."""
+        cfg, run = open_run(cfg)
+        try:
+            roles = build(cfg, topology or plan(cfg), run, log)
+            try:
+                return cls(roles, cfg, log)
+            except BaseException:
+                roles.close()
+                raise
+        except BaseException:
+            run.lock.release()
+            raise
+
+    @property
+    def step_count(self) -> int:
+        """Steps done (the run's count, which its workers' clock reads)."""
+        return self.run_context.done
+
+    @step_count.setter
+    def step_count(self, done: int) -> None:
+        self.run_context.done = done
 
     def prepare(self) -> None:
         """Start what may start before the resume: the rollout workers (a standby trainer does
@@ -440,7 +450,7 @@ class Controller:
                     f"{self.run_dir}: no update was applied in {self.step_count} steps (every one was skipped as "
                     f"non-finite or rolled back; see {self.events.path}); final/ is not exported. Check train.lr, "
                     "train.grad_clip and the reward function")
-            self.rank0.export(self.run_dir / "final")  # in this process: the groups are closed by now
+            self.roles.rank0.export(self.run_dir / "final")  # in this process: the groups are closed by now
         return last
 
     def stop_writing(self, err: WriteError, checkpoint: bool) -> WriteError:

@@ -133,7 +133,7 @@ def train_run(cfg: Config, started: Callable[[Controller], None] = lambda contro
     (SIGINT, SIGTERM), else None. ``started`` is handed the run's controller before it trains."""
     from reasonrl.controller import Controller
 
-    controller = Controller(cfg, log=RunLog(Path(cfg.run.dir)))
+    controller = Controller.from_config(cfg, log=RunLog(Path(cfg.run.dir)))
     started(controller)
     controller.run()
     return controller.stopped_by

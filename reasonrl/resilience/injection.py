@@ -1,12 +1,14 @@
 """Fault injection by wrapping: a run's workers, stage heartbeat and checkpoint writer, with the
 faults of its :class:`~reasonrl.resilience.faults.FaultPlan` acting where they would happen
-for real. Production code never sees a fault; the controller wraps what the plan needs.
+for real. Production code never sees a fault: :class:`WorkerFaults` picks each worker's wrapper
+and :func:`~reasonrl.runtime.topology.spawn` applies it where the worker runs.
 
     heartbeat = FaultyHeartbeat(watchdog, plan, clock)    crash, sigkill, hang at a stage's start
     policy = FaultyPolicy(policy_worker, plan, clock)     nan: that step's update has a NaN loss
     rollout = FaultyRollout(rollout_worker, plan, w, clock)  slow: worker w's generation drags
-    spawn(role, factory, args, wrap=WorkerFaults(plan))    the above, where each spawned worker runs
     reward = FaultyRewards(reward_worker, plan, clock)    reward_timeout, reward_error
+    spawn(role, factory, args, wrap=WorkerFaults(plan, clock))  the above by role, where each
+                                                          spawned worker runs
     writer = checkpoint_writer(root, keep, plan)          ckpt_kill: SIGKILL mid-write; disk_full: ENOSPC
     rank = FaultyRank(trainer_rank, plan)                 slow_rank, hang_rank (and nan on rank 0), in
                                                           the rank's own process
@@ -46,6 +48,13 @@ class _Wrapper:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def unwrapped(worker: Any) -> Any:
+    """The worker inside any fault wrappers around it."""
+    while isinstance(worker, _Wrapper):
+        worker = worker.inner
+    return worker
 
 
 class FaultyHeartbeat(_Wrapper):
@@ -160,17 +169,36 @@ class FaultyRollout(_Wrapper):
 
 
 class WorkerFaults:
-    """The plan's wrappers for the workers :func:`~reasonrl.runtime.topology.spawn` starts
-    (its ``wrap``), applied where each worker runs: rollout worker ``index`` drags while a
-    slow fault for it is due, its clock the step its weights' version trains next."""
+    """The plan's wrapper for each worker of a run: :func:`~reasonrl.runtime.topology.spawn`'s
+    ``wrap``, applied where the worker runs, and what wraps the rollout producer's reward
+    grader. By role: the policy's rank 0 gets :class:`FaultyPolicy` (nan faults), the reward
+    grader :class:`FaultyRewards` (reward_timeout, reward_error), both on ``clock``, the step
+    the controller runs; rollout worker ``index`` gets :class:`FaultyRollout` (slow faults),
+    on its own clock, the step its weights' version trains next (in a process of its own too:
+    ``clock`` stays in this process). A worker the plan has no fault for is returned as it is.
+    """
 
-    def __init__(self, plan: FaultPlan) -> None:
-        self.plan = plan
+    def __init__(self, plan: FaultPlan, clock: Clock | None = None) -> None:
+        self.plan, self.clock = plan, clock
+        self.kinds = {f.kind for f in plan.faults}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "clock": None}  # the controller's step clock does not cross a process
 
     def __call__(self, worker: Any, role: str, index: int) -> Any:
-        if role == "rollout" and any(f.kind == "slow" for f in self.plan.faults):
+        if role == "rollout" and "slow" in self.kinds:
             return FaultyRollout(worker, self.plan, index, lambda: worker.version + 1)
+        if role == "policy" and "nan" in self.kinds:
+            return FaultyPolicy(worker, self.plan, self._clock(role))
+        if role == "reward" and self.kinds & {"reward_timeout", "reward_error"}:
+            return FaultyRewards(worker, self.plan, self._clock(role))
         return worker
+
+    def _clock(self, role: str) -> Clock:
+        if self.clock is None:
+            raise RuntimeError(f"WorkerFaults: the {role} wrapper needs the controller's step clock, which stays "
+                               "in the controller's process")
+        return self.clock
 
 
 def sleeping_reward(response: str, ground_truth: str) -> dict:

@@ -25,7 +25,7 @@ def test_training_raises_the_success_rate_over_the_starting_policy(recipe, tmp_p
     steps = STEPS[recipe]
     overrides = [f"run.dir={tmp_path}", f"train.total_steps={steps}", f"eval.every_steps={steps}", "eval.greedy=false",
                  "run.progress=false", "checkpoint.every_steps=0"]
-    Controller(load(RECIPES / f"{recipe}.yaml", overrides), log=lambda *a: None).run()
+    Controller.from_config(load(RECIPES / f"{recipe}.yaml", overrides), log=lambda *a: None).run()
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     val = [r for r in rows if "val/acc" in r]
     assert [r["step"] for r in val] == [0, steps]

@@ -80,7 +80,7 @@ def _gain(recipe: str, run_dir, seed: int) -> float:
         interval = load(RECIPES / "dapo.yaml").checkpoint.every_steps
         assert interval > 0 and kill - 1 - interval < recovered["from_step"] <= kill - 1, recovered
     else:
-        Controller(load(RECIPES / f"{recipe}.yaml", overrides)).run()
+        Controller.from_config(load(RECIPES / f"{recipe}.yaml", overrides)).run()
     incidents = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] in ("spike", "nonfinite")]
     assert incidents == [], incidents
     rows = read_jsonl(run_dir / "metrics.jsonl")

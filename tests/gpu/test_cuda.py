@@ -72,7 +72,7 @@ def test_fast_rollouts_match_hf_on_cuda(family):
 
 @pytest.mark.parametrize("recipe", ["dapo", "grpo", "ppo"])  # dynamic sampling; KL to a reference; critic + GAE
 def test_training_runs_on_cuda(recipe, model_dir, tmp_path):
-    trainer = Controller(load(f"recipes/{recipe}.yaml", [*tiny_run(model_dir, tmp_path, steps=3), "rollout.max_new_tokens=12", "run.device=cuda"]))
+    trainer = Controller.from_config(load(f"recipes/{recipe}.yaml", [*tiny_run(model_dir, tmp_path, steps=3), "rollout.max_new_tokens=12", "run.device=cuda"]))
     assert next(trainer.policy.workers[0].module.parameters()).is_cuda
     trainer.run()
     rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line]
@@ -98,7 +98,7 @@ def test_bf16_mixed_on_cuda(model_dir, tmp_path, static):
         out = FastGenerator(model, 0, 1, None if static else False).generate([[3, 9, 14], [7, 2, 30, 4, 5]], 1, params,
                                                                              seeds([0, 1]))
     assert out.logprobs.dtype == torch.float32 and bool(out.response_mask.any())
-    trainer = Controller(load("recipes/grpo.yaml", [*tiny_run(model_dir, tmp_path, steps=1), "run.device=cuda",
+    trainer = Controller.from_config(load("recipes/grpo.yaml", [*tiny_run(model_dir, tmp_path, steps=1), "run.device=cuda",
                                                     "train.precision=bf16-mixed"]))
     metrics = trainer.step()
     assert next(trainer.policy.workers[0].module.parameters()).dtype == torch.float32

@@ -50,7 +50,7 @@ def test_async_and_lockstep_at_staleness_0_are_the_synchronous_run_bit_for_bit(m
         run_dir = tmp_path / mode
         colocate = "policy" if mode.endswith("colocated") else "auto"  # threads over the policy's own module
         capsys.readouterr()
-        Controller(load(None, overrides(model_dir, run_dir, 6, f"rollout.mode={mode.split('-')[0]}", "rollout.max_staleness=0",
+        Controller.from_config(load(None, overrides(model_dir, run_dir, 6, f"rollout.mode={mode.split('-')[0]}", "rollout.max_staleness=0",
                                         f"runtime.roles.rollout.count={workers}", "run.log_every=3",
                                         f"runtime.roles.rollout.colocate={colocate}"))).run()
         runs[mode] = (load_file(run_dir / "final/model.safetensors"), [values(r) for r in read_jsonl(run_dir / "metrics.jsonl")],
@@ -82,7 +82,7 @@ def test_rollout_side_faults_act_in_async_mode_and_name_the_worker(model_dir, tm
                                "faults=[reward_error@2:count=2,reward_timeout@3,slow@8:worker=1:factor=4]",
                                "resilience.slow_window=4", "resilience.slow_min_s=0.005", "eval.every_steps=0",
                                "runtime.roles.rollout.quarantine_ratio=0"))  # the slow worker keeps a share
-    Controller(cfg).run()
+    Controller.from_config(cfg).run()
     events = read_jsonl(tmp_path / "events.jsonl")
     failed = [e for e in events if e["kind"] == "reward_failed"]
     assert [e["step"] for e in failed][:2] == [2, 3] and "reward[0]: RuntimeError: injected reward error" in failed[0]["errors"][0]
@@ -98,7 +98,7 @@ def test_rollout_side_faults_act_in_async_mode_and_name_the_worker(model_dir, tm
 def test_async_staleness_never_exceeds_its_bound(model_dir, tmp_path):
     cfg = load(None, overrides(model_dir, tmp_path, 30, "rollout.mode=async", "rollout.max_staleness=2", "algo.off_policy=decoupled",
                                "eval.every_steps=0", "checkpoint.every_steps=0"))
-    Controller(cfg).run()
+    Controller.from_config(cfg).run()
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(rows) == 30
     assert all(r["staleness/max"] <= 2 for r in rows) and all(r["staleness/p99"] <= r["staleness/max"] for r in rows)
@@ -117,7 +117,7 @@ def test_async_staleness_never_exceeds_its_bound(model_dir, tmp_path):
 def test_partial_rollouts_keep_the_bound(model_dir, tmp_path):
     cfg = load(None, overrides(model_dir, tmp_path, 12, "rollout.mode=async", "rollout.max_staleness=1", "rollout.interrupt=true",
                                "algo.off_policy=tis", "rollout.max_new_tokens=16", "eval.every_steps=0"))
-    Controller(cfg).run()
+    Controller.from_config(cfg).run()
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(rows) == 12 and all(r["staleness/max"] <= 1 for r in rows)
     assert all(0 <= r["rollout/partial_samples"] <= 8 for r in rows)  # samples whose tokens span two versions
@@ -327,7 +327,7 @@ def test_a_lockstep_run_scaled_on_a_schedule_and_killed_at_several_points_ends_b
               "checkpoint.keep=3", "resilience.backoff_s=0.05", "resilience.max_restarts=8", "runtime.roles.rollout.count=2",
               "runtime.roles.rollout.max=3"]
     schedule = {3: 3, 6: 1}  # 2 workers, 3 from step 3's collect on, 1 from step 6's
-    Controller(_scheduled(clean, load("recipes/grpo.yaml", overrides(model_dir, clean, 8, *common)), schedule)).run()
+    Controller.from_config(_scheduled(clean, load("recipes/grpo.yaml", overrides(model_dir, clean, 8, *common)), schedule)).run()
     # killed in generation as the fleet has just grown, in update_actor (tests/integration/test_fault_drills.py) and
     # in generation with one worker left
     faults = "faults=[sigkill@3:stage=gen,ckpt_kill@5,sigkill@7:stage=gen]"

@@ -50,7 +50,7 @@ def run(model_dir, run_dir, *data) -> Controller:
         "eval.every_steps=1", "eval.n_prompts=4", "eval.k=2", "checkpoint.every_steps=0",
         "reward.fn=tests.reward_fixtures:coin", *data,
     ]
-    controller = Controller(load(None, overrides))
+    controller = Controller.from_config(load(None, overrides))
     controller.run()
     return controller
 

@@ -18,13 +18,13 @@ class Watched(Controller):
     ``weights()`` and keeps the trainer's weights of each version, cast to bf16 as the
     rollout side holds them."""
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
+    def __init__(self, roles, cfg, log=print) -> None:
+        super().__init__(roles, cfg, log)
         self.trainer: dict[int, dict[str, torch.Tensor]] = {}
         self.seen: list[tuple[int, int, dict[str, torch.Tensor]]] = []  # (step, version, tensors) per worker read
 
     def keep_trainer(self) -> None:
-        self.trainer.setdefault(self.version, snapshot(self.rank0.weights(), torch.bfloat16).tensors)
+        self.trainer.setdefault(self.version, snapshot(self.roles.rank0.weights(), torch.bfloat16).tensors)
 
     def step(self):
         self.keep_trainer()
@@ -47,7 +47,7 @@ def test_rollout_workers_hold_the_trainers_weights_bit_for_bit_after_20_delta_up
     steps = 21
     cfg = load(None, [*tiny_run(model_dir, tmp_path, steps), f"rollout.mode={mode}", "train.lr=1e-6", "run.threads=1",
                       "checkpoint.every_steps=0", "checkpoint.every_minutes=0", *extra])
-    controller = Watched(cfg)
+    controller = Watched.from_config(cfg)
     controller.run()
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "weight_sync/bytes" in r]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
@@ -77,18 +77,18 @@ def test_a_lora_run_ships_the_adapters_alone_and_workers_hold_the_trainers(model
     steps = 3
     cfg = load(None, [*tiny_run(model_dir, tmp_path, steps), "model.lora.rank=4", "train.lr=1e-2", "run.threads=1",
                       "rollout.mode=async", "rollout.max_staleness=0", "checkpoint.every_steps=0", "checkpoint.every_minutes=0", *extra])
-    controller = Watched(cfg)
+    controller = Watched.from_config(cfg)
     controller.run()
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "weight_sync/bytes" in r]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
-    adapters = adapter_tensors(controller.rank0.module)
+    adapters = adapter_tensors(controller.roles.rank0.module)
     whole = sum(t.numel() for t in adapters.values()) * (2 if extra else 4)
     assert all(r["weight_sync/adapter_only"] == 1.0 for r in rows)
     if extra:  # bf16 deltas of the adapters: never more than the adapters whole
         assert all(0 < r["weight_sync/bytes"] <= whole for r in rows)
     else:
         assert all(r["weight_sync/bytes"] == whole for r in rows)
-    everything = sum(p.numel() for p in controller.rank0.module.parameters()) * 4
+    everything = sum(p.numel() for p in controller.roles.rank0.module.parameters()) * 4
     assert whole < everything / 4  # rank 4 on a 32-wide model: a small part of it
     step, version, tensors = controller.seen[-1]
     trainer = controller.trainer[version]

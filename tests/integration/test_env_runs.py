@@ -36,7 +36,7 @@ def _run(tmp_path, *overrides):
                                      "eval.every_steps=3", "eval.n_prompts=4", "eval.k=2", "checkpoint.every_steps=0",
                                      "data.train_size=64", "data.test_size=8", "rollout.max_new_tokens=6",
                                      "resilience.supervise=false", "run.progress=false", *overrides])
-    controller = Controller(cfg, log=lambda *a: None)
+    controller = Controller.from_config(cfg, log=lambda *a: None)
     controller.run()
     return cfg.run.dir, read_jsonl(tmp_path / "run" / "metrics.jsonl")
 

@@ -47,7 +47,7 @@ def logits(model, text="12+3=?\n47"):
 def real_run(model_dir, tmp_path_factory):
     """A 2-step run on the tiny model, a checkpoint after each step, and its final/."""
     run = tmp_path_factory.mktemp("export-run")
-    Controller(load(None, [*tiny_run(model_dir, run, steps=2), "checkpoint.every_steps=1"])).run()
+    Controller.from_config(load(None, [*tiny_run(model_dir, run, steps=2), "checkpoint.every_steps=1"])).run()
     return run
 
 
@@ -229,7 +229,7 @@ def test_auto_map_entries_without_their_code_file_are_dropped(tmp_path):
 def lora_run(model_dir, tmp_path_factory):
     """A 2-step LoRA run (rank 4, a learning rate that moves the adapters) on the tiny model."""
     run = tmp_path_factory.mktemp("export-lora-run")
-    Controller(load(None, [*tiny_run(model_dir, run, steps=2), "checkpoint.every_steps=1", "model.lora.rank=4",
+    Controller.from_config(load(None, [*tiny_run(model_dir, run, steps=2), "checkpoint.every_steps=1", "model.lora.rank=4",
                            "train.lr=5e-2"])).run()
     return run
 

@@ -47,7 +47,7 @@ def test_restarts_after_every_restart_fault_in_one_run_end_bit_identical(model_d
     # Not serial: its hang is injected (it never ends), and a step takes a small part of the 10 s
     # hang timeout even on a core shared with the rest of the suite.
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
-    Controller(load("recipes/grpo.yaml", overrides(model_dir, clean, 6))).run()
+    Controller.from_config(load("recipes/grpo.yaml", overrides(model_dir, clean, 6))).run()
     faults = "faults=[crash@2,disk_full@2,sigkill@3:stage=gen,ckpt_kill@4,sigkill@5:stage=update_actor,hang@6:stage=adv]"
     proc = supervised(overrides(model_dir, faulty, 6, faults, "resilience.hang_timeout_s=10", "resilience.max_restarts=8"),
                       timeout_s=480)  # five restarts
@@ -140,7 +140,7 @@ def test_a_killed_trainer_resumes_warm_from_the_snapshot_and_ends_bit_identical(
     weights equal the clean run's; the next standby does not outlive the run."""
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     base = [*tiny_run(model_dir, clean, 12), "checkpoint.every_steps=20"]
-    Controller(load("recipes/grpo.yaml", base)).run()
+    Controller.from_config(load("recipes/grpo.yaml", base)).run()
     args = [*tiny_run(model_dir, faulty, 12), "checkpoint.every_steps=20", "resilience.backoff_s=0.05",
             "resilience.standby=true", "faults=[sigkill@10:stage=update_actor]"]
     proc = supervised(args)

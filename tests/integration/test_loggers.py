@@ -142,7 +142,7 @@ def test_missing_wandb_is_an_input_error_before_anything_is_built(tmp_path, mode
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
     cfg = load(None, [*tiny_run(model_dir, tmp_path / "run"), "run.loggers=[tensorboard,wandb]"])
     with pytest.raises(InputError, match=r"run\.loggers.*pip install 'reasonrl\[wandb\]'"):
-        Controller(cfg)
+        Controller.from_config(cfg)
     assert not (tmp_path / "run").exists()
 
 
@@ -196,11 +196,11 @@ def test_a_run_logs_config_metrics_and_samples_to_tensorboard_and_wandb(tmp_path
                                             "run.log_every=2", "run.log_samples=3", "algo.max_gen_batches=20", "algo.overlong_buffer=4",
                                             "eval.every_steps=2", "run.keep_samples=5"])
 
-    Controller(cfg(3)).run()
+    Controller.from_config(cfg(3)).run()
     console = [line for line in capfd.readouterr().err.splitlines() if line.startswith("step ")]
     assert [line.split()[:2] for line in console] == [["step", "2/3"]]
     assert all(f" {label}=" in console[0] for label in ("reward", "acc", "pg_loss", "grad_norm", "kl", "len", "tok/s"))
-    Controller(cfg(4)).run()  # resumes from the final checkpoint of step 3
+    Controller.from_config(cfg(4)).run()  # resumes from the final checkpoint of step 3
 
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # 0: the validation before training

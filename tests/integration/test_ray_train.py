@@ -51,7 +51,7 @@ def _finish(proc: subprocess.Popen, timeout_s: float = 300) -> None:
 def test_a_seeded_synchronous_ray_run_ends_with_the_local_runs_weights(model_dir, tmp_path):
     common = ["run.threads=1", "runtime.roles.rollout.threads=1", "runtime.roles.rollout.count=2",
               "algo.kl_loss_coef=0.01"]  # a reference actor too
-    Controller(load("recipes/grpo.yaml", [*tiny_run(model_dir, tmp_path / "local", 4), *common])).run()
+    Controller.from_config(load("recipes/grpo.yaml", [*tiny_run(model_dir, tmp_path / "local", 4), *common])).run()
     _finish(_train("grpo", [*tiny_run(model_dir, tmp_path / "ray", 4), *common, "runtime.engine=ray"]))
     local, ray = (load_file(tmp_path / d / "final" / "model.safetensors") for d in ("local", "ray"))
     assert local.keys() == ray.keys()

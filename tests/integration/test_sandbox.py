@@ -217,7 +217,7 @@ def test_a_sandbox_level_that_does_not_work_is_an_input_error(monkeypatch):
 def test_a_training_step_on_the_embedded_code_family_grades_programs(tmp_path, model_dir):
     cfg = load(None, [*tiny_run(model_dir, tmp_path, steps=1), "data.families=[code]", "reward.fn=code",
                       "reward.code_timeout_s=2", "rollout.max_new_tokens=16", "runtime.roles.reward.count=1"])
-    Controller(cfg).run()
+    Controller.from_config(cfg).run()
     [row] = read_jsonl(tmp_path / "metrics.jsonl")
     assert row["reward/tests_total"] == 3.0 and 0.0 <= row["reward/tests_passed"] <= 3.0
     kept = read_jsonl(tmp_path / "samples.jsonl")

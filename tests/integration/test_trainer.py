@@ -21,7 +21,7 @@ def config(model_dir, run_dir, *overrides):
 
 
 def test_dynamic_sampling_refills_the_batch_with_mixed_groups(model_dir, tmp_path):
-    controller = Controller(config(model_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_gen_batches=20", "algo.oversample=1.0"))
+    controller = Controller.from_config(config(model_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_gen_batches=20", "algo.oversample=1.0"))
     got = controller.source.next_batch(0)
     batch, counts = got.scored, got.metrics
     # Exactly 4 groups of 2, each with one right and one wrong sample.
@@ -37,13 +37,13 @@ def test_dynamic_sampling_refills_the_batch_with_mixed_groups(model_dir, tmp_pat
 
 
 def test_dynamic_sampling_gives_up_with_a_clear_error(model_dir, tmp_path):
-    controller = Controller(config(model_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_gen_batches=3", "reward.fn=tests.reward_fixtures:never"))
+    controller = Controller.from_config(config(model_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_gen_batches=3", "reward.fn=tests.reward_fixtures:never"))
     with pytest.raises(DynamicSamplingError, match=r"algo.max_gen_batches"):
         controller.source.next_batch(0)
 
 
 def test_run_writes_the_run_directory(model_dir, tmp_path):
-    Controller(config(model_dir, tmp_path, "eval.every_steps=3", "algo.adv_estimator=gae", "rollout.n=1")).run()
+    Controller.from_config(config(model_dir, tmp_path, "eval.every_steps=3", "algo.adv_estimator=gae", "rollout.n=1")).run()
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for key in ("critic/score/mean", "actor/pg_loss", "actor/pg_clipfrac", "critic/vf_loss", "response_length/mean", "timing_s/gen", "timing_s/update_critic"):
@@ -61,12 +61,12 @@ def test_resumed_run_ends_with_the_same_weights_and_rows(model_dir, tmp_path, tr
     # With 8 training prompts and 4 per step, the resume at step 2 falls exactly on an epoch boundary.
     straight, split = tmp_path / "straight", tmp_path / "split"
     data = f"data.train_size={train_size}"
-    Controller(config(model_dir, straight, data, "train.total_steps=4", "eval.every_steps=2")).run()
-    first = Controller(config(model_dir, split, data, "train.total_steps=2", "eval.every_steps=2", "checkpoint.every_steps=1"))
+    Controller.from_config(config(model_dir, straight, data, "train.total_steps=4", "eval.every_steps=2")).run()
+    first = Controller.from_config(config(model_dir, split, data, "train.total_steps=2", "eval.every_steps=2", "checkpoint.every_steps=1"))
     first.run()
     sampler = first.source.cursor["sampler"]  # the producer's state after the last batch delivered
     assert sampler == ({"epoch": 1, "position": 0} if train_size == 8 else {"epoch": 0, "position": 8})
-    Controller(config(model_dir, split, data, "train.total_steps=4", "eval.every_steps=2", "checkpoint.every_steps=1")).run()
+    Controller.from_config(config(model_dir, split, data, "train.total_steps=4", "eval.every_steps=2", "checkpoint.every_steps=1")).run()
     a = load_file(straight / "checkpoints/step_4/policy.safetensors")
     b = load_file(split / "checkpoints/step_4/policy.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -83,10 +83,10 @@ def test_resumed_run_with_the_adaptive_mix_and_the_curriculum_ends_with_the_same
     settings = ["data.train_size=8", "data.mix=adaptive", "data.mix_floor=0.1", "data.mix_rate=0.5",
                 "data.curriculum_window=1", "data.curriculum_revisit=1", "eval.every_steps=2", "checkpoint.every_steps=1"]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    whole = Controller(config(model_dir, straight, *settings, "train.total_steps=4"))
+    whole = Controller.from_config(config(model_dir, straight, *settings, "train.total_steps=4"))
     whole.run()
-    Controller(config(model_dir, split, *settings, "train.total_steps=2")).run()
-    resumed = Controller(config(model_dir, split, *settings, "train.total_steps=4"))
+    Controller.from_config(config(model_dir, split, *settings, "train.total_steps=2")).run()
+    resumed = Controller.from_config(config(model_dir, split, *settings, "train.total_steps=4"))
     resumed.run()
     a = load_file(straight / "checkpoints/step_4/policy.safetensors")
     b = load_file(split / "checkpoints/step_4/policy.safetensors")
@@ -116,7 +116,7 @@ def test_a_lora_run_killed_with_sigkill_resumes_bit_identically(model_dir, tmp_p
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     from reasonrl.cli import RECIPES
 
-    Controller(load(RECIPES / "grpo.yaml", [*tiny_run(model_dir, straight), *settings])).run()
+    Controller.from_config(load(RECIPES / "grpo.yaml", [*tiny_run(model_dir, straight), *settings])).run()
     command = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, killed), *settings,
                "faults=[sigkill@3:stage=update_actor]"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -137,9 +137,9 @@ def test_a_lora_run_killed_with_sigkill_resumes_bit_identically(model_dir, tmp_p
 
 
 def test_resume_with_an_incompatible_config_is_refused(model_dir, tmp_path):
-    Controller(config(model_dir, tmp_path, "train.total_steps=1")).run()
+    Controller.from_config(config(model_dir, tmp_path, "train.total_steps=1")).run()
     with pytest.raises(ResumeError, match="different configuration"):
-        Controller(config(model_dir, tmp_path, "train.total_steps=2", "algo.eps_high=0.3")).run()
+        Controller.from_config(config(model_dir, tmp_path, "train.total_steps=2", "algo.eps_high=0.3")).run()
 
 
 def test_resume_onto_weights_of_another_shape_is_refused(model_dir, tmp_path):
@@ -151,11 +151,11 @@ def test_resume_onto_weights_of_another_shape_is_refused(model_dir, tmp_path):
 
     base = tmp_path / "model"
     shutil.copytree(model_dir, base)
-    Controller(config(base, tmp_path / "run", "train.total_steps=1")).run()
+    Controller.from_config(config(base, tmp_path / "run", "train.total_steps=1")).run()
     tok = load_tokenizer(base)
     build_tiny_model(len(tok), 48, 2, 4, 2, 64, tok.pad_token_id, tok.eos_token_id, seed=0).save_pretrained(base)
     with pytest.raises(ResumeError, match=r"step_1: does not fit this run .*another model"):
-        Controller(config(base, tmp_path / "run", "train.total_steps=2")).run()
+        Controller.from_config(config(base, tmp_path / "run", "train.total_steps=2")).run()
 
 
 def _main(capsys, *args):
@@ -190,7 +190,7 @@ def test_cli_reports_bad_config_and_missing_data(model_dir, tmp_path, capsys):
 def test_sampling_logprobs_equal_recomputed_ones_so_reuse_is_exact(model_dir, tmp_path):
     from reasonrl.trainer.logprobs import compute_logprobs
 
-    controller = Controller(config(model_dir, tmp_path, "rollout.top_k=5", "rollout.temperature=0.7"))
+    controller = Controller.from_config(config(model_dir, tmp_path, "rollout.top_k=5", "rollout.temperature=0.7"))
     r = controller.source.next_batch(0).scored.rollout
     assert controller.anchor_is_behaviour(r, 0)  # 'auto' with the built-in generator in fp32, at the same version
     assert not controller.anchor_is_behaviour(r, 1)  # a stale batch is recomputed
@@ -200,7 +200,7 @@ def test_sampling_logprobs_equal_recomputed_ones_so_reuse_is_exact(model_dir, tm
     torch.testing.assert_close(r.logprobs * r.response_mask, recomputed, rtol=0, atol=2e-5)
     metrics = controller.step()
     assert "timing_s/old_log_prob" not in metrics and "off_policy/behaviour_kl" not in metrics
-    recompute = Controller(config(model_dir, tmp_path / "b", "train.old_logprobs=recompute"))
+    recompute = Controller.from_config(config(model_dir, tmp_path / "b", "train.old_logprobs=recompute"))
     metrics = recompute.step()
     assert "timing_s/old_log_prob" in metrics
     # the recomputed anchor is the sampler's, to float tolerance: no behaviour gap to speak of
@@ -210,7 +210,7 @@ def test_sampling_logprobs_equal_recomputed_ones_so_reuse_is_exact(model_dir, tm
 def test_a_run_logs_its_forecast_once_it_has_enough_validations(model_dir, tmp_path, capsys):
     from reasonrl.experiments.forecast import evaluations, forecast
 
-    Controller(config(model_dir, tmp_path, "train.total_steps=6", "eval.every_steps=1", "eval.greedy=false",
+    Controller.from_config(config(model_dir, tmp_path, "train.total_steps=6", "eval.every_steps=1", "eval.greedy=false",
                       "eval.target=0.9", "run.log_every=6")).run()
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]

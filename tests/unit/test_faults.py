@@ -236,3 +236,24 @@ def test_a_plan_bound_before_another_process_fired_a_fault_does_not_fire_it_agai
     standby.fire("crash", 3, stage="gen")  # already fired: nothing happens
     assert standby.at("nan", 4) is not None and trainer.poison_loss(4)
     assert standby.at("nan", 4) is None and not standby.poison_loss(4)
+
+
+def test_worker_faults_picks_each_roles_wrapper_and_its_step_clock_stays_in_this_process(tmp_path):
+    import pickle
+
+    from reasonrl.resilience.injection import FaultyPolicy, FaultyRewards, FaultyRollout, WorkerFaults, unwrapped
+
+    class Worker:
+        version = 3
+
+    plan = parse_faults(["nan@2", "reward_error@3", "slow@4:worker=1"]).bind(tmp_path)
+    faults = WorkerFaults(plan, clock=lambda: 2)
+    policy, reward, rollout, reference = (faults(Worker(), role, 1) for role in ("policy", "reward", "rollout", "reference"))
+    assert type(policy) is FaultyPolicy and policy.clock() == 2 and type(unwrapped(policy)) is Worker
+    assert type(reward) is FaultyRewards and type(reference) is Worker
+    assert type(rollout) is FaultyRollout and rollout.clock() == 4  # its weights' version trains step 4 next
+    assert type(WorkerFaults(parse_faults(["slow@4"]).bind(tmp_path))(Worker(), "policy", 0)) is Worker  # no nan fault
+    moved = pickle.loads(pickle.dumps(faults))  # a rollout worker's process gets the plan, not the controller's clock
+    assert moved.clock is None and type(moved(Worker(), "rollout", 0)) is FaultyRollout
+    with pytest.raises(RuntimeError, match="policy wrapper needs the controller's step clock"):
+        moved(Worker(), "policy", 0)

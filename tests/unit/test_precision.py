@@ -64,7 +64,7 @@ def test_bf16_mixed_keeps_fp32_master_weights_so_a_tiny_step_is_not_rounded_away
     from tests.conftest import tiny_run
 
     def one_step(*extra):
-        trainer = Controller(load(None, tiny_run(model_dir, tmp_path / "-".join(extra), steps=1) + ["train.lr=1e-5", *extra]))
+        trainer = Controller.from_config(load(None, tiny_run(model_dir, tmp_path / "-".join(extra), steps=1) + ["train.lr=1e-5", *extra]))
         [policy] = trainer.policy.workers
         before = {n: p.detach().clone() for n, p in policy.module.named_parameters()}
         metrics = trainer.step()

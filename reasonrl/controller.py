@@ -507,7 +507,7 @@ class Controller:
         r = self.cfg.resilience
         watchdog = StageWatchdog(r.hang_timeout_s, self.run_dir / "hang_dump.txt") if r.hang_timeout_s > 0 else None
         if any(f.kind in ("crash", "sigkill", "hang") for f in self.faults.faults):
-            return watchdog, FaultyHeartbeat(watchdog, self.faults, lambda: self.step_count + 1)
+            return watchdog, FaultyHeartbeat(watchdog, self.faults, self.run_context.clock)
         return watchdog, watchdog
 
     def close(self) -> None:

@@ -81,7 +81,6 @@ def open_run(cfg: Config) -> tuple[Config, RunContext]:
     lock = RunLock(run_dir, "trainer").acquire()
     try:
         cfg = scaled(cfg, run_dir)
-        torch.manual_seed(cfg.run.seed)
         spikes, slow = run_detectors(cfg.resilience, events := EventLog(run_dir))
         return cfg, RunContext(run_dir, lock, events, parse_faults(list(cfg.faults)).bind(run_dir), spikes, slow)
     except BaseException:
@@ -125,7 +124,9 @@ class Roles:
 
 
 def build(cfg: Config, topology: Topology, run: RunContext, log=print) -> Roles:
-    """Every role of ``cfg`` where ``topology`` puts it (see the module docstring)."""
+    """Every role of ``cfg`` where ``topology`` puts it (see the module docstring), torch's
+    generator seeded from ``run.seed`` first."""
+    torch.manual_seed(cfg.run.seed)
     setup_torch(topology["policy"].threads or cfg.run.threads, cfg.run.deterministic)
     model_dir = resolve_model_dir(cfg, log)
     tokenizer = load_tokenizer(model_dir)

@@ -249,7 +249,7 @@ def check_reward_rows(cfg: Config, prompts: list) -> str:
     if not rows:
         return ""
     count, timeout = reward_workers(cfg), cfg.runtime.roles.reward.timeout_s
-    start = PoolStart("reward", count, timeout) if count else None
+    start = PoolStart("reward", count, timeout, preload_models=False) if count else None  # graders: no model modules
     texts = [text for p in rows for text in ("", p.ground_truth)]
     with RewardPool(cfg.reward, start, max_consecutive_failures=len(texts)) as pool:
         grades = pool.score(texts, [p.ground_truth for p in rows for _ in range(2)],

@@ -1,6 +1,7 @@
 """Reward functions for tests, loaded by import path (reward.fn=tests.reward_fixtures:NAME)."""
 
 import hashlib
+import sys
 import time
 
 
@@ -8,6 +9,12 @@ def coin(response: str, ground_truth: str) -> dict:
     """Correct for about half of all responses, decided by a hash of the text (deterministic)."""
     ok = hashlib.sha256(response.encode()).digest()[0] % 2 == 0
     return {"score": 1.0 if ok else -1.0, "acc": ok}
+
+
+def reports_its_modules(response: str, ground_truth: str) -> dict:
+    """Scores 0 and says whether this process holds torch and transformers' Llama module."""
+    return {"score": 0.0, "torch": "torch" in sys.modules,
+            "transformers": "transformers.models.llama.modeling_llama" in sys.modules}
 
 
 def never(response: str, ground_truth: str) -> dict:

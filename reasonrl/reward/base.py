@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from reasonrl.config import RewardConfig
 from reasonrl.errors import InputError
 from reasonrl.plugins import is_plugin_spec, load_object
 from reasonrl.reward.format import format_rule
 from reasonrl.reward.math import INVALID, boxed_score, dapo_score, gsm8k_score
+
+if TYPE_CHECKING:
+    import torch
 
 FAILURE_SCORE = -1.0
 """The score given to a sample whose reward function raised, returned something malformed or
@@ -193,6 +195,23 @@ class Grader:
 _POSITIONAL = ("response", "ground_truth")
 
 
+class GraderWorker:
+    """What a reward worker process (or Ray actor) runs: the grader of ``reward``, one sample a
+    call, on ``threads`` torch threads (the pool's :class:`~reasonrl.runtime.pool.PoolStart`)
+    where the reward function uses torch. Its module imports no torch, so a worker that grades
+    with a function that needs none starts in a fraction of a second."""
+
+    def __init__(self, reward: RewardConfig, threads: int = 1) -> None:
+        self.grader = Grader.from_config(reward)
+        torch = sys.modules.get("torch")  # loaded by the function's module, or not at all
+        if torch is not None:
+            torch.set_num_threads(threads)
+
+    def grade(self, text: str, truth: str, row: dict[str, Any]) -> Grade:
+        """The grade of one sample (a failed Grade when the reward function raises)."""
+        return self.grader.grade(text, truth, row)
+
+
 def _keyword_names(fn: Callable) -> frozenset[str] | None:
     """Names ``fn`` accepts by keyword after its first two parameters; None when it takes
     ``**kwargs`` (every field)."""
@@ -230,10 +249,14 @@ class Grades:
 
     def __post_init__(self) -> None:
         if self.timed_out is None:
+            import torch
+
             self.timed_out = torch.zeros_like(self.failed)
 
     @staticmethod
     def of(grades: list[Grade]) -> "Grades":
+        import torch  # here, not at the top: a grader's worker process imports this module without torch
+
         return Grades(
             torch.tensor([g.score for g in grades], dtype=torch.float32),
             torch.tensor([g.acc for g in grades], dtype=torch.bool),

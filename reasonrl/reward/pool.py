@@ -18,29 +18,14 @@ import math
 from dataclasses import replace
 from typing import Any, Callable
 
-import torch
-
 from reasonrl.config import RewardConfig
 from reasonrl.errors import LimitError, error_line
-from reasonrl.reward.base import Grade, Grader, Grades, failed_grade
+from reasonrl.reward.base import Grade, Grader, GraderWorker, Grades, failed_grade
 
 
 class RewardFailureError(LimitError, RuntimeError):
     """More consecutive reward samples failed than the pool allows (the reward function is
     broken: a restart would fail the same way)."""
-
-
-class GraderWorker:
-    """What a reward worker process (or Ray actor) runs: the grader of ``reward``, one sample a
-    call, on ``threads`` torch threads (the pool's :class:`~reasonrl.runtime.pool.PoolStart`)."""
-
-    def __init__(self, reward: RewardConfig, threads: int = 1) -> None:
-        torch.set_num_threads(threads)
-        self.grader = Grader.from_config(reward)
-
-    def grade(self, text: str, truth: str, row: dict[str, Any]) -> Grade:
-        """The grade of one sample (a failed Grade when the reward function raises)."""
-        return self.grader.grade(text, truth, row)
 
 
 class RewardPool:

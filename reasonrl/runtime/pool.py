@@ -208,7 +208,9 @@ class PoolStart:
     call bounded by ``timeout_s`` and starting a worker by ``start_timeout_s``, workers
     replaced under ``restarts``, restarts reported to ``emit``; each worker runs ``threads``
     torch threads (the worker sets them as it starts: ``GraderWorker``, ``EnvWorker``); the
-    methods named in ``concurrent`` run beside a running call (the groups' ``concurrent``).
+    methods named in ``concurrent`` run beside a running call (the groups' ``concurrent``);
+    ``preload_models=False``: the workers hold no model, and processes begin without the
+    model modules (the :class:`~reasonrl.runtime.process.ProcessGroup` argument).
 
     ``start(factory, args_per_worker)`` builds one worker per entry, ``factory(*args)`` (a
     module-level callable: the processes import it), and returns their :class:`WorkerPool`.
@@ -225,6 +227,7 @@ class PoolStart:
     emit: Callable[..., None] | None = field(default=None, compare=False)
     threads: int = 1
     concurrent: tuple[str, ...] = ()
+    preload_models: bool = True
 
     def __post_init__(self) -> None:
         key = f"runtime.roles.{self.role}"
@@ -238,7 +241,8 @@ class PoolStart:
     def __call__(self, factory: Callable[..., Any], args_per_worker: list[tuple]) -> WorkerPool:
         if self.where == "process":
             group = ProcessGroup(factory, args_per_worker, name=self.role, timeout_s=self.timeout_s,
-                                 start_timeout_s=self.start_timeout_s, concurrent=self.concurrent)
+                                 start_timeout_s=self.start_timeout_s, concurrent=self.concurrent,
+                                 preload_models=self.preload_models)
         else:
             from reasonrl.runtime.ray import RayGroup
 

@@ -111,6 +111,27 @@ def _end_forkserver() -> None:
             pass  # already gone
 
 
+def _forkserver_pid() -> int | None:
+    """The pid of this process's forkserver, or None where it has not started one."""
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+
+
+def _stop_forkserver() -> None:
+    """End this process's forkserver now (SIGTERM, then reaped), so that the next worker it
+    starts starts a new one with the preload set then."""
+    server = multiprocessing.forkserver._forkserver
+    if server._forkserver_pid is None:
+        return
+    try:
+        os.kill(server._forkserver_pid, signal.SIGTERM)
+    except OSError:
+        pass  # gone already
+    try:
+        server._stop()  # closes this end of its pipe, reaps it and forgets its address
+    except OSError:  # reaped already
+        server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+
+
 def start_worker_processes(factory_modules: tuple[str, ...]) -> None:
     """Prepare this process to start workers, now, while it runs one thread: import
     :data:`PRELOAD` and the modules of the factories its groups will use, then fork the zygote
@@ -335,7 +356,10 @@ class ProcessGroup:
 
     ``timeout_s`` bounds :meth:`call`; ``start_timeout_s`` starting a worker (at start and in
     :meth:`restart`); ``concurrent`` names the methods that run beside a running call (see the
-    module docstring). ``pids`` are the children's process ids.
+    module docstring). ``pids`` are the children's process ids. ``preload_models=False``: the
+    workers hold no model (the pre-start check's graders), so a forkserver this group starts
+    preloads the factory's module only, not :data:`PRELOAD` (seconds of imports), and ends
+    when the group closes, leaving the next group to start one with its own preload.
     """
 
     def __init__(
@@ -347,6 +371,7 @@ class ProcessGroup:
         timeout_s: float = 600.0,
         start_timeout_s: float = 300.0,
         concurrent: tuple[str, ...] = (),
+        preload_models: bool = True,
     ) -> None:
         if len(args_per_worker) < 1:
             raise ValueError(f"ProcessGroup {name}: expected at least one worker")
@@ -356,6 +381,8 @@ class ProcessGroup:
         self.start_timeout_s = start_timeout_s
         self._factory, self._args = factory, [tuple(a) for a in args_per_worker]
         self._concurrent = frozenset(concurrent)
+        self._preload_models = preload_models
+        self._own_forkserver = False
         self._ids = itertools.count()
         self._children: list[_Child] = []
         try:
@@ -368,10 +395,15 @@ class ProcessGroup:
     def _start(self, index: int) -> _Child:
         label = self.name if self.size == 1 else f"{self.name}[{index}]"
         ctx = _context()  # asked at each start: a zygote that died leaves the restarts to the forkserver
-        if ctx.get_start_method() == "forkserver":
-            heavy = PRELOAD if "torch" in sys.modules else ()
-            ctx.set_forkserver_preload(list(dict.fromkeys([*heavy, self._factory.__module__])))
-        return _Child(ctx, self._factory, self._args[index], self._concurrent, label, self.start_timeout_s)
+        if ctx.get_start_method() != "forkserver":
+            return _Child(ctx, self._factory, self._args[index], self._concurrent, label, self.start_timeout_s)
+        heavy = PRELOAD if self._preload_models and "torch" in sys.modules else ()
+        ctx.set_forkserver_preload(list(dict.fromkeys([*heavy, self._factory.__module__])))
+        running = _forkserver_pid()
+        child = _Child(ctx, self._factory, self._args[index], self._concurrent, label, self.start_timeout_s)
+        if not self._preload_models and _forkserver_pid() != running:
+            self._own_forkserver = True  # started for this group's preload: it ends with the group
+        return child
 
     @property
     def pids(self) -> list[int]:
@@ -423,6 +455,9 @@ class ProcessGroup:
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Let each child finish its running call and close its worker, then end it (killed
-        after ``timeout_s``)."""
+        after ``timeout_s``); then the forkserver, where this group started it for its own preload."""
         for child in self._children:
             child.close(timeout_s)
+        if self._own_forkserver:
+            _stop_forkserver()
+            self._own_forkserver = False

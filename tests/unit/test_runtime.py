@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -135,6 +136,40 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+LIGHT_THEN_MODELS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch  # imported, as in a trainer whose pre-start check grades rows
+from reasonrl.config import RewardConfig
+from reasonrl.reward.base import GraderWorker
+from reasonrl.runtime import ProcessGroup
+
+def served(preload_models):
+    group = ProcessGroup(GraderWorker, [(RewardConfig(fn="tests.reward_fixtures:reports_its_modules"),)],
+                         name="reward", timeout_s=60, preload_models=preload_models)
+    [grade] = group.call("grade", "x", "y", {})
+    with open(f"/proc/{group.pids[0]}/stat") as f:
+        server = int(f.read().rsplit(")", 1)[1].split()[1])
+    group.close()
+    return {"server": server, **grade.extras}
+
+print(json.dumps([served(False), served(True)]))
+"""
+
+
+def test_workers_without_models_start_from_a_forkserver_of_their_own_that_ends_with_their_group():
+    """The pre-start check's graders (``preload_models=False``) begin without torch and
+    ``transformers`` in a process that has imported torch, and their forkserver ends with them,
+    so the next group's workers begin with the model modules preloaded."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", LIGHT_THEN_MODELS, root], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    light, models = json.loads(proc.stdout.splitlines()[-1])
+    assert (light["torch"], light["transformers"]) == (False, False)
+    assert (models["torch"], models["transformers"]) == (True, True)
+    assert light["server"] != models["server"] and not _alive(light["server"])
 
 
 def test_one_worker_of_a_process_group_is_called_alone_and_restarted_from_its_own_arguments():

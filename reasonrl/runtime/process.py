@@ -278,7 +278,8 @@ class _Child:
         self.pending: dict[int, Future] = {}
         self.dead: WorkerDied | None = None
         self.pid = self._handshake(start_timeout_s)
-        threading.Thread(target=self._read, name=f"reasonrl-{name}-results", daemon=True).start()
+        self.reader = threading.Thread(target=self._read, name=f"reasonrl-{name}-results", daemon=True)
+        self.reader.start()
 
     def _handshake(self, timeout_s: float) -> int:
         if not self.conn.poll(timeout_s):
@@ -346,6 +347,20 @@ class _Child:
             pass
         self.proc.join(timeout=timeout_s)
         self.kill()
+        self.release()
+
+    def release(self) -> None:
+        """Close the pipe once the reader thread is done with it (the process has ended). A
+        descriptor closed under a thread that reads it is free for the next file this process
+        opens, and the thread, reading on by its number, would take that file's bytes: the
+        pipe's socket is shut down first (the thread reads its end), then closed."""
+        try:
+            with socket.socket(fileno=os.dup(self.conn.fileno())) as raw:
+                raw.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):
+            pass  # closed already
+        if self.reader is not threading.current_thread():  # a future's callback may close the group
+            self.reader.join(timeout=10)
         self.conn.close()
 
 
@@ -424,7 +439,7 @@ class ProcessGroup:
         ``start_timeout_s``; its calls in flight fail with WorkerDied, for the caller to submit again."""
         old = self._children[index]
         old.kill()
-        old.conn.close()
+        old.release()
         self._children[index] = self._start(index)
 
     def grow(self, args: tuple) -> None:

@@ -99,21 +99,21 @@ _forkserver_owner: int | None = None
 it inherits the value and leaves the forkserver alone."""
 
 
+def _forkserver_pid() -> int | None:
+    """The pid of this process's forkserver, or None where it has not started one."""
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+
+
 def _end_forkserver() -> None:
     """At this process's exit: end the forkserver it started with SIGTERM, which a forkserver
     does not handle, so it dies at once. Left to notice the exit itself, it would tear down its
     imports (torch, ``transformers``: about a second of CPU) after this process is gone."""
-    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    pid = _forkserver_pid()
     if pid and os.getpid() == _forkserver_owner:
         try:
             os.kill(pid, signal.SIGTERM)
         except OSError:
             pass  # already gone
-
-
-def _forkserver_pid() -> int | None:
-    """The pid of this process's forkserver, or None where it has not started one."""
-    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
 
 
 def _stop_forkserver() -> None:

@@ -227,13 +227,19 @@ REWARD_CHECK_ROWS = 16
 """At most this many rows are graded before the start (:func:`check_reward_rows`): the first
 row of each data source and the first 4 rows."""
 
+CHECK_WORKERS_AFTER_A_TIMEOUT = 8
+"""Where the check's first sample runs past ``runtime.roles.reward.timeout_s``, the others are
+graded by up to this many workers at once: a function that hangs on every row is reported after
+a few timeouts, not one per sample (10 s each by default)."""
+
 
 def check_reward_rows(cfg: Config, prompts: list) -> str:
     """Grade rows of the data with the run's grader before anything loads: two responses per
     row, the empty one and the row's ground truth, as training grades them (the function of the
     row's data source, ``reward.format``, the row's fields), an unbounded function
     (:func:`~reasonrl.config.rules.reward_workers`) in a worker process with
-    ``runtime.roles.reward.timeout_s`` per sample. InputError naming the first row, response and
+    ``runtime.roles.reward.timeout_s`` per sample (after a first sample that timed out, the rest
+    by :data:`CHECK_WORKERS_AFTER_A_TIMEOUT` workers at once). InputError naming the first row, response and
     error when every grading failed (the function raises, returns something malformed or hangs
     on this data: training would fail every sample); when only some failed, a note saying so
     for the plan, else ""."""
@@ -251,13 +257,16 @@ def check_reward_rows(cfg: Config, prompts: list) -> str:
     count, timeout = reward_workers(cfg), cfg.runtime.roles.reward.timeout_s
     start = PoolStart("reward", count, timeout, preload_models=False) if count else None  # graders: no model modules
     texts = [text for p in rows for text in ("", p.ground_truth)]
+    truths, fields = [p.ground_truth for p in rows for _ in range(2)], [row_fields(p) for p in rows for _ in range(2)]
     with RewardPool(cfg.reward, start, max_consecutive_failures=len(texts)) as pool:
-        grades = pool.score(texts, [p.ground_truth for p in rows for _ in range(2)],
-                            [row_fields(p) for p in rows for _ in range(2)])
-    failed = grades.failed.nonzero().flatten().tolist()
+        head = pool.score(texts[:1], truths[:1], fields[:1])
+        if start is not None and bool(head.timed_out[0]):  # likely to hang on every row: the rest at once
+            pool.resize(max(count, min(len(texts) - 1, CHECK_WORKERS_AFTER_A_TIMEOUT)))
+        rest = pool.score(texts[1:], truths[1:], fields[1:])
+    failed = [i for i, bad in enumerate([*head.failed.tolist(), *rest.failed.tolist()]) if bad]
     if not failed:
         return ""
-    i, error = failed[0], grades.errors[0].partition(": ")[2]
+    i, error = failed[0], [*head.errors, *rest.errors][0].partition(": ")[2]
     p = rows[i // 2]
     response = "an empty response" if i % 2 == 0 else f"the response {_short(p.ground_truth)} (its ground truth)"
     where = f"row {p.id} ({p.data_source}) with {response}: {error}"

@@ -1,6 +1,7 @@
 """Reward functions for tests, loaded by import path (reward.fn=tests.reward_fixtures:NAME)."""
 
 import hashlib
+import os
 import sys
 import time
 
@@ -15,6 +16,16 @@ def reports_its_modules(response: str, ground_truth: str) -> dict:
     """Scores 0 and says whether this process holds torch and transformers' Llama module."""
     return {"score": 0.0, "torch": "torch" in sys.modules,
             "transformers": "transformers.models.llama.modeling_llama" in sys.modules}
+
+
+def hangs_on_empty(response: str, ground_truth: str) -> dict:
+    """Appends this process's id to the file $REWARD_PIDS, then hangs on an empty response and
+    scores 0 on any other."""
+    with open(os.environ["REWARD_PIDS"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    if not response:
+        time.sleep(3600)
+    return {"score": 0.0}
 
 
 def never(response: str, ground_truth: str) -> dict:

@@ -16,6 +16,7 @@ import torch
 from reasonrl.checkpoint import find_latest, load_checkpoint
 from reasonrl.cli import main
 from reasonrl.metrics import read_jsonl
+from reasonrl.preflight import CHECK_WORKERS_AFTER_A_TIMEOUT
 from tests.conftest import fill, tiny_run
 
 
@@ -137,6 +138,23 @@ def test_the_pre_start_check_grades_rows_and_refuses_a_reward_that_fails_or_hang
     reward = next(line for line in out.splitlines() if line.startswith("reward"))
     assert "reward check: " in reward and " samples failed, e.g. row " in reward, reward
     assert "with an empty response: reward[0]: ValueError: no answer to parse" in reward, reward
+
+
+def test_after_a_sample_that_hangs_the_pre_start_check_grades_the_other_rows_in_several_workers(model_dir, tmp_path):
+    """A function that ran past its timeout on the check's first sample is likely to hang on the
+    rest: they go to several workers at once, each sample here to a process of its own (graded
+    one after another, each hang would replace the one worker: fewer processes than samples), so
+    a function that hangs on every row costs a few timeouts, not one per sample."""
+    pids = tmp_path / "pids"
+    proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *tiny_run(model_dir, tmp_path / "run", 2),
+                           "--no-supervisor", "--dry-run", "reward.fn=tests.reward_fixtures:hangs_on_empty",
+                           "runtime.roles.reward.timeout_s=1"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "REWARD_PIDS": str(pids)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reward = next(line for line in proc.stdout.splitlines() if line.startswith("reward"))
+    assert "with an empty response: reward[0]: timeout after 1s" in reward, reward
+    graded = pids.read_text().split()  # a process per call: the first sample's, then one for each other
+    assert 4 <= len(graded) <= 1 + CHECK_WORKERS_AFTER_A_TIMEOUT and len(set(graded)) == len(graded), graded
 
 
 @pytest.mark.parametrize("override, key", [

@@ -61,8 +61,12 @@ class RewardPool:
     def _workers(self):
         """The workers' :class:`~reasonrl.runtime.pool.WorkerPool`, started at the first call."""
         if self._pool is None:
-            self._pool = self._start(GraderWorker, [(self.reward, self._start.threads)] * self._start.count)
+            self._pool = self._start(GraderWorker, [self._worker_args()] * self._start.count)
         return self._pool
+
+    def _worker_args(self) -> tuple:
+        """A GraderWorker's: the reward settings and the pool's torch threads."""
+        return self.reward, self._start.threads
 
     def score(self, texts: list[str], ground_truths: list[str], rows: list[dict[str, Any]] | None = None) -> Grades:
         """The grades of each (text, ground truth, row) as ``score_batch`` gives them;
@@ -87,7 +91,7 @@ class RewardPool:
             raise ValueError(f"RewardPool.resize: count = {count!r}, expected an integer >= 1")
         pool = self._workers()
         while pool.size < count:
-            pool.grow((self.reward,))
+            pool.grow(self._worker_args())
         while pool.size > count:
             pool.shrink()
 

@@ -51,8 +51,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     recipe = recipe_path(args.recipe)
     cfg = load(recipe, args.overrides)
     supervising = not args.no_supervisor and cfg.resilience.supervise and not args.dry_run
-    if not supervising:  # this process loads torch: its OpenMP threads' wait, chosen first
-        args.openmp_waits = openmp_waits(_standby_beside(cfg))
+    if not supervising:  # this process loads torch: its OpenMP threads' wait, chosen first (else by the supervisor)
+        args.openmp_waits = openmp_waits()
     if SUPERVISOR_ENV in os.environ and os.environ.get(ATTEMPT_ENV, "1") != "1":
         return _train_here(cfg)  # a restart: the first child checked this run
     if supervising:
@@ -72,14 +72,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     print(plan.starting(args.openmp_waits), flush=True)
     return _train_here(cfg)
-
-
-def _standby_beside(cfg) -> str:
-    """What of the run's own runs beside this trainer: the supervisor's standby trainer, built
-    while one trains (``resilience.standby``), or nothing."""
-    if SUPERVISOR_ENV in os.environ and cfg.resilience.standby:
-        return "a standby trainer builds beside the running one (resilience.standby)"
-    return ""
 
 
 def _train_here(cfg) -> int:

@@ -519,11 +519,19 @@ class ResilienceConfig:
     resumes from it when it is newer than the last checkpoint: a crash costs the step in
     progress, not the checkpoint interval. It is no checkpoint: it dies with the machine and is
     gone when supervision ends (checkpoint.* keep their guarantees); 0: off."""
+    trainer_template: bool = True
+    """The supervisor starts a template process that imports torch, ``transformers`` and the
+    trainer's modules once and forks every trainer from it (the first, each restart, a
+    standby): a trainer then starts without those imports (about 4.5 s of CPU each on this
+    project's 2-core machines), and a restart reaches its first step that much sooner. The
+    template holds those modules in memory (a few hundred MB) until supervision ends. false,
+    or where forking is not safe (not Linux; a template whose probe of torch's threads fails):
+    each trainer is a fresh ``python -m reasonrl.cli`` process, as the supervisor then says."""
     standby: bool = False
     """The supervisor keeps a standby trainer ready for the next restart: started once the
-    trainer has trained a step, it imports and (on the cpu device, with the local engine and one
+    trainer has trained a step, it starts and (on the cpu device, with the local engine and one
     trainer rank) builds its roles, then waits; a restart gives it the go instead of starting a
-    cold process (on 2 cores: 2 s from a failure to the next step against 6 s). Its costs: a
+    trainer that builds them then (``docs/benchmarks.md``, "Soak": the time each takes). Its costs: a
     second copy of the model in memory while it waits, and CPU beside the running trainer: its
     build would stall torch's spinning OpenMP threads, so the trainer's threads and the
     standby's sleep at once (``OMP_WAIT_POLICY=PASSIVE``: a DAPO step of the embedded recipe

@@ -69,9 +69,12 @@ from reasonrl.errors import EXIT_FATAL, WriteError
 from reasonrl.metrics import EventLog, read_jsonl, write_atomic
 from reasonrl.resilience.ettr import effective_time, step_seconds
 from reasonrl.resilience.guards import read_hang_dump
-from reasonrl.resilience.rundir import (ATTEMPT_ENV, LOCK_FILE, SNAPSHOT_ENV, STANDBY_ENV, RunLock, check_run_dir,
-                                        new_snapshot_dir)
+from reasonrl.resilience.rundir import (ATTEMPT_ENV, LOCK_FILE, SNAPSHOT_ENV, STANDBY_ENV, SUPERVISOR_ENV, RunLock,
+                                        check_run_dir, new_snapshot_dir)
 from reasonrl.restarts import backoff_pause
+from reasonrl.runtime.process import PRELOAD
+from reasonrl.runtime.threads import CHOICE_ENV, openmp_waits
+from reasonrl.runtime.zygote import Template
 
 HANG_DUMP = "hang_dump.txt"
 """The stack dump the child's faulthandler watchdog writes before it exits."""
@@ -184,22 +187,24 @@ class _StderrTail:
 
 class _Child:
     """One run of the trainer command in its own process group, with its exit time recorded;
-    a ``standby`` one waits, built, for :meth:`go` (``started`` is then the time of the go)."""
+    a ``standby`` one waits, built, for :meth:`go` (``started`` is then the time of the go).
+    With a ``template``, the command (``python -m MODULE ...``) runs in a process the template
+    forks, which follows the template (:data:`~reasonrl.resilience.rundir.SUPERVISOR_ENV`: the
+    process whose end orphans it); else in a process of its own."""
 
     def __init__(self, command: list[str], env: dict[str, str] | None, pass_fds: tuple[int, ...],
-                 standby: bool = False) -> None:
+                 standby: bool = False, template: Template | None = None) -> None:
         self.started = time.time()
         self.first_beat: float | None = None
         """When the supervisor first saw this child's heartbeat (it trains from then on)."""
         self.warm = standby
         self._go: int | None = None
-        env = {**os.environ, **(env or {})}
+        env = dict(env or {})
         if standby:
             wait, self._go = os.pipe()
             env[STANDBY_ENV], pass_fds = str(wait), (*pass_fds, wait)
         try:
-            self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, start_new_session=True,
-                                         pass_fds=pass_fds)
+            self.proc = self._start(command, env, pass_fds, template)
         finally:
             if standby:
                 os.close(wait)
@@ -207,6 +212,18 @@ class _Child:
         self.exit_time = 0.0
         self.exited = threading.Event()
         threading.Thread(target=self._wait, name="supervisor-wait", daemon=True).start()
+
+    @staticmethod
+    def _start(command: list[str], env: dict[str, str], pass_fds: tuple[int, ...], template: Template | None):
+        if template is not None and template.alive():
+            forked = {**env, SUPERVISOR_ENV: str(template.pid)} if SUPERVISOR_ENV in env else env
+            try:
+                return template.run_module(command[2], command[3:], forked, pass_fds)
+            except OSError as err:  # it does not answer: this child starts as a process of its own
+                print(f"reasonrl supervisor: the trainer template did not fork ({err}); starting a fresh process",
+                      file=sys.stderr, flush=True)
+        return subprocess.Popen(command, env={**os.environ, **env}, stderr=subprocess.PIPE, start_new_session=True,
+                                pass_fds=pass_fds)
 
     def _wait(self) -> None:
         self.proc.wait()
@@ -281,10 +298,12 @@ class _Supervisor:
     """The restart loop behind ``supervise``: one child at a time, failures classified and logged."""
 
     def __init__(self, command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None,
-                 pass_fds: tuple[int, ...], standby: bool = False) -> None:
+                 pass_fds: tuple[int, ...], standby: bool = False, preload: tuple[str, ...] | None = None) -> None:
         self.command = command
         self.keep_standby = standby
         self.standby: _Child | None = None
+        self.preload = preload
+        self.template: Template | None = None
         self.run_dir = run_dir
         self.policy = policy
         self.env = env
@@ -308,6 +327,14 @@ class _Supervisor:
     def run(self) -> int:
         """Run children until one succeeds, a stop signal arrives or restarts run out."""
         started = time.monotonic()
+        if self.preload is not None and self.command[1:2] == ["-m"]:
+            self.template, why_not = Template.start(self.preload, shown=tuple(self.command[1:]))
+            if self.template is None:
+                print(f"reasonrl supervisor: each trainer starts as a process of its own: no template ({why_not})",
+                      file=sys.stderr, flush=True)
+            if self.stop_signal is not None:  # while the template imported
+                self._emit("stopped", self._last_step(), signal=_signal_name(self.stop_signal), returncode=None)
+                return 128 + self.stop_signal
         while True:
             child = self.child = self._next_child()
             hang, detected = self._watch(child)
@@ -382,7 +409,8 @@ class _Supervisor:
             return standby
         if standby is not None:
             standby.reap()
-        return _Child(self.command, {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 1)}, self.pass_fds)
+        return _Child(self.command, {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 1)}, self.pass_fds,
+                      template=self.template)
 
     def _start_standby(self, child: _Child) -> None:
         """Start a standby once ``child`` has trained a step (a metrics row written after its
@@ -395,7 +423,7 @@ class _Supervisor:
             child.first_beat = beat if beat is not None and beat >= child.started else None
         elif (_mtime(self.metrics) or 0.0) > child.first_beat:
             env = {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 2)}  # a restart: no checks
-            self.standby = _Child(self.command, env, self.pass_fds, standby=True)
+            self.standby = _Child(self.command, env, self.pass_fds, standby=True, template=self.template)
 
     def retire_standby(self) -> None:
         """Kill the standby, if there is one (supervision is ending)."""
@@ -534,7 +562,8 @@ class _Supervisor:
 
 
 def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dict | None = None,
-              pass_fds: tuple[int, ...] = (), standby: bool = False) -> SupervisorResult:
+              pass_fds: tuple[int, ...] = (), standby: bool = False,
+              preload: tuple[str, ...] | None = None) -> SupervisorResult:
     """Run ``command`` (the trainer) until it exits 0, restarting it after failures.
 
     The child runs in its own process group with our stdout and stderr (its last stderr lines
@@ -546,10 +575,13 @@ def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dic
     forwarded to the child as SIGTERM, so it checkpoints and exits; that is not a failure, the
     return code is then 128 + the signal's number, and a second signal kills the child.
     ``standby``: keep a standby child ready for the next restart (the module docstring).
+    ``preload``: where ``command`` is ``python -m MODULE ...``, each child is forked from a
+    template that imported these modules once (:class:`~reasonrl.runtime.zygote.Template`),
+    which ends with supervision; where none starts, each child is a process of its own.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    sup = _Supervisor(list(command), run_dir, policy, env, tuple(pass_fds), standby)
+    sup = _Supervisor(list(command), run_dir, policy, env, tuple(pass_fds), standby, preload)
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {signum: signal.signal(signum, sup.on_signal) for signum in _STOP_SIGNALS}
@@ -563,6 +595,8 @@ def supervise(command: list[str], run_dir: Path, policy: RestartPolicy, env: dic
         if sup.child is not None and sup.child.proc.poll() is None:
             sup.child.signal(signal.SIGKILL, group=True)
             sup.child.proc.wait()
+        if sup.template is not None:
+            sup.template.close()
     return SupervisorResult(returncode, sup.restarts, sup.incidents, time.monotonic() - start, sup.refused)
 
 
@@ -594,12 +628,20 @@ def _remove_made(run_dir: Path, made_dir: bool) -> None:
             pass  # something else is in it: it stays
 
 
+TRAINER_PRELOAD = ("reasonrl.cli", "reasonrl.api", "reasonrl.controller", *PRELOAD, "torch.utils.tensorboard")
+"""What the trainer template imports (``resilience.trainer_template``): most of a trainer's
+imports (Ray's not: it reads its settings when imported), seconds of CPU that each trainer
+forked from it, a restart included, does not spend."""
+
+
 def train_supervised(cfg: Config, command: list[str]) -> int:
     """Run ``command`` (a trainer) under the supervisor, holding the run directory's lock with
     it; write and print the run's summary (not when the child refused the directory:
     ``SupervisorResult.refused``; on stderr when ``summary.json`` cannot be written).
     RunDirError when the directory is unusable or another trainer holds it."""
     r = cfg.resilience
+    # Chosen here, before the template loads torch, for every trainer: they say it, and do not choose again.
+    waits = openmp_waits("a standby trainer builds beside the running one (resilience.standby)" if r.standby else "")
     # The parent's heartbeat check backs up the in-process watchdog, so it waits longer.
     heartbeat = 2 * r.hang_timeout_s if r.hang_timeout_s > 0 else float("inf")
     policy = RestartPolicy(max_restarts=r.max_restarts, backoff_s=r.backoff_s, heartbeat_timeout_s=heartbeat)
@@ -611,9 +653,11 @@ def train_supervised(cfg: Config, command: list[str]) -> int:
     snapshots = new_snapshot_dir() if r.snapshot_every > 0 else None
     try:
         pass_fds, env = lock.inherit()
+        env[CHOICE_ENV] = waits
         if snapshots is not None:
             env[SNAPSHOT_ENV] = str(snapshots)
-        result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds, standby=r.standby)
+        result = supervise(command, run_dir, policy, env=env, pass_fds=pass_fds, standby=r.standby,
+                           preload=TRAINER_PRELOAD if r.trainer_template else None)
         if result.refused:  # the child said why; the directory stays as it was
             if made_lock:
                 _remove_made(run_dir, made_dir)

@@ -71,10 +71,16 @@ def _own_cgroups() -> list[tuple[str, str]]:
     return [(parts[1], parts[2]) for parts in (line.split(":", 2) for line in lines) if len(parts) == 3]
 
 
+CHOICE_ENV = "REASONRL_OPENMP_WAITS"
+"""The supervisor's choice in words, handed to the trainers it starts: they load torch from its
+template (:mod:`reasonrl.resilience.supervisor`), which the choice preceded, so they keep it."""
+
+
 def openmp_waits(beside: str = "") -> str:
     """Choose how torch's OpenMP threads wait at a barrier, for this process and every process it
     starts, before torch loads (libgomp reads the variables once, when it is loaded); returns
-    the choice in words. An ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` of the environment stands.
+    the choice in words. A trainer the supervisor started returns the supervisor's choice
+    (:data:`CHOICE_ENV`). An ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` of the environment stands.
     Otherwise, when work of the run's own will run ``beside`` (what, in words: a standby
     trainer's build), or other work keeps at least half a core busy (:func:`others_busy_cores`),
     the threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``); on an idle machine libgomp's
@@ -85,6 +91,9 @@ def openmp_waits(beside: str = "") -> str:
     beside one busy process on 2 cores a spinning thread holds the core the awaited thread
     needs: 2.42-2.46 s a step against 1.26-1.32 s sleeping, and beside several agents' jobs
     46-101 s against 2.1-5.6 s."""
+    chosen = os.environ.pop(CHOICE_ENV, "")
+    if chosen:
+        return chosen
     given = [f"{key}={os.environ[key]}" for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if key in os.environ]
     if given:
         return f"as the environment sets them ({', '.join(given)})"

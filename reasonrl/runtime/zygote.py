@@ -25,20 +25,31 @@ process closes its end of their socket, or dies: at once, with ``os._exit``, tea
 down. The zygote reports each worker's pid when it forks it and its exit code when it reaps it,
 through a pipe per worker (as the forkserver does): a worker forked by the zygote is its child,
 not this process's.
+
+A :class:`Template` is a zygote in an interpreter of its own, for a process that has not
+imported what its children run: the supervisor, which stays small, starts one that imports a
+trainer's modules once and forks each trainer from it as ``python -m reasonrl.cli ...`` would
+have run in a process of its own.
 """
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import gc
+import importlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import pickle
+import random
+import runpy
 import select
 import selectors
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -61,7 +72,7 @@ _INT = struct.Struct("q")
 
 
 class _Zygote:
-    """This process's end of its zygote: the socket requests go over, and the zygote's pid."""
+    """This process's end of a zygote: the socket requests go over, and the zygote's pid."""
 
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock, self.pid, self.owner = sock, pid, os.getpid()
@@ -105,15 +116,16 @@ def _current() -> _Zygote | None:
         return zygote
 
 
-def unsafe_reason() -> str | None:
-    """Why this process cannot fork a zygote now, or None."""
+def unsafe_reason(need_torch: bool = True) -> str | None:
+    """Why this process cannot fork a zygote now (one whose workers use torch: ``need_torch``),
+    or None."""
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return f"fork is not safe on {sys.platform}"
     if threading.active_count() > 1:
         return f"{threading.active_count()} Python threads run"
     torch = sys.modules.get("torch")
     if torch is None:
-        return "torch is not imported"
+        return "torch is not imported" if need_torch else None
     if torch.cuda.is_initialized():
         return "CUDA is initialised"
     return None
@@ -305,10 +317,11 @@ class ZygoteProcess:
     :class:`~reasonrl.runtime.process.ProcessGroup` (``start``, ``pid``, ``exitcode``,
     ``is_alive``, ``join``, ``kill``), safe to call from several threads. ``target`` gets
     ``args`` as they are, the first a :class:`~multiprocessing.connection.Connection` passed to
-    the worker by descriptor; the rest travel pickled."""
+    the worker by descriptor; the rest travel pickled. ``zygote``: a :class:`Template`'s, else
+    this process's."""
 
-    def __init__(self, target: Callable[..., Any], args: tuple, name: str) -> None:
-        self._target, self._args, self.name = target, args, name
+    def __init__(self, target: Callable[..., Any], args: tuple, name: str, zygote: _Zygote | None = None) -> None:
+        self._target, self._args, self.name, self._zygote = target, args, name, zygote
         self.pid: int | None = None
         self.exitcode: int | None = None
         self._status: int | None = None  # the pipe the zygote writes the pid, then the exit code to
@@ -316,7 +329,7 @@ class ZygoteProcess:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        zygote = _current()
+        zygote = self._zygote or _current()
         if zygote is None:
             raise RuntimeError("this process has no zygote")
         conn, *rest = self._args
@@ -382,3 +395,206 @@ class ZygoteProcess:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+TEMPLATE_START_TIMEOUT_S = 120.0
+"""How long a :class:`Template` may take to import its modules and say it is ready (seconds on
+an idle machine; more beside other work)."""
+
+_TEMPLATE_MAIN = "from reasonrl.runtime.zygote import _serve_template; _serve_template()"
+
+
+class Template:
+    """A zygote in an interpreter of its own, for a caller that has not imported what its
+    children run (the supervisor, whose trainers import torch and ``transformers``)::
+
+        template, why_not = Template.start(("torch", "reasonrl.cli"))   # (None, reason) where it cannot
+        child = template.run_module("reasonrl.cli", ["train", ...], env={...}, pass_fds=(fd,))
+        child.pid; child.stderr.read(); child.poll(); child.wait(); child.send_signal(signal.SIGTERM)
+        template.close()
+
+    The template imports ``modules`` once, checks that forking is safe (:func:`unsafe_reason`,
+    then the probe) and forks a child per :meth:`run_module`, which runs ``python -m module
+    *argv`` as a process of :class:`subprocess.Popen` with ``start_new_session=True`` would: in a
+    session of its own, ``env`` added to the environment (the template's: the caller's when the
+    template started), the descriptors ``pass_fds`` at their numbers, stderr on a pipe of its
+    own (``child.stderr``), stdout the caller's, stdin ``/dev/null``; its exit code is the
+    module's, after the interpreter's exit handlers ran. Its parent is the template, not the
+    caller. The template ends with :meth:`close`, or when the caller dies (``PR_SET_PDEATHSIG``
+    on Linux, and the end of its socket); it ignores SIGINT and SIGHUP, which are the caller's
+    to handle."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket) -> None:
+        self._proc = proc
+        self._zygote = _Zygote(sock, proc.pid)
+        self.pid = proc.pid
+
+    @classmethod
+    def start(cls, modules: tuple[str, ...], shown: tuple[str, ...] = (),
+              timeout_s: float = TEMPLATE_START_TIMEOUT_S) -> tuple[Template | None, str]:
+        """A ready template and ``""``, or None and why there is none. ``shown``: words at the
+        end of the template's command line, which is its children's too (what ``ps`` shows of
+        them: the supervisor shows the trainer's command)."""
+        if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+            return None, f"fork is not safe on {sys.platform}"
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", _TEMPLATE_MAIN, str(theirs.fileno()), str(os.getpid()),
+                                     ",".join(modules), *shown], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        answer = _read_exact(ours, 1, timeout_s)
+        if answer == b"1":
+            return cls(proc, ours), ""
+        if answer == b"0":
+            why = _read_exact(ours, 4096, 5.0).decode(errors="replace") or "its probe of torch's threads after a fork did not end"
+        elif answer:
+            why = f"it answered {answer!r}"
+        else:
+            try:
+                why = f"it exited with code {proc.wait(timeout=5.0)} while importing {', '.join(modules)}"
+            except subprocess.TimeoutExpired:
+                why = f"it did not start within {timeout_s:g} s"
+        ours.close()
+        proc.kill()
+        proc.wait()
+        return None, why
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def run_module(self, module: str, argv: list[str], env: dict[str, str] | None = None,
+                   pass_fds: tuple[int, ...] = ()) -> TemplateChild:
+        """Fork a child that runs ``python -m module *argv`` (the class docstring); OSError where
+        the template does not answer within :data:`START_TIMEOUT_S`."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        err_r, err_w = os.pipe()
+        try:
+            reduction.sendfds(ours, [err_w, *pass_fds])  # read by the child before anything else
+            proc = ZygoteProcess(_run_module, (theirs, module, list(argv), dict(env or {}), [2, *pass_fds]),
+                                 name="MainProcess", zygote=self._zygote)
+            proc.start()
+        except BaseException:
+            os.close(err_r)
+            raise
+        finally:
+            ours.close()
+            theirs.close()
+            os.close(err_w)
+        return TemplateChild(proc, os.fdopen(err_r, "rb", buffering=0))
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the template (its children go on); kill it after ``timeout_s``."""
+        self._zygote.sock.close()
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+class TemplateChild:
+    """A child of a :class:`Template`, with the part of :class:`subprocess.Popen` a caller of
+    processes uses: ``pid``, ``stderr``, ``returncode`` (negative: killed by that signal),
+    ``poll``, ``wait``, ``send_signal``, ``kill``; safe to call from several threads."""
+
+    def __init__(self, proc: ZygoteProcess, stderr) -> None:
+        self._proc = proc
+        self.pid = proc.pid
+        self.stderr = stderr
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        self._proc.join(0)
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._proc.exitcode is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            self._proc.join(0.1)  # a short wait at a time: poll() from another thread waits for the same lock
+        return self._proc.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass  # it ended just now
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _serve_template() -> None:
+    """A template's main (:meth:`Template.start`): end with the caller, import the modules,
+    say whether forking is safe, then fork a child per request until the caller's end closes."""
+    fd, caller, modules = sys.argv[1:4]
+    sock = socket.socket(fileno=int(fd))
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(caller):
+        os._exit(0)  # the caller died before the signal was armed
+    for module in filter(None, modules.split(",")):
+        importlib.import_module(module)
+    reason = unsafe_reason(need_torch=False)
+    if reason is not None:
+        sock.sendall(b"0" + reason.encode())
+        os._exit(0)
+    try:
+        _zygote_main(sock, {1, 2})
+    finally:
+        os._exit(0)
+
+
+def _run_module(conn: Connection, module: str, argv: list[str], env: dict[str, str], targets: list[int]) -> None:
+    """A template's child (:meth:`Template.run_module`): take its descriptors from ``conn`` and
+    put them at ``targets`` (stderr first), then run ``python -m module *argv`` and exit as
+    that interpreter would."""
+    os.setsid()
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        received = reduction.recvfds(sock, len(targets))
+    conn.close()
+    above = max(targets) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for fd in received]  # none may land on a target
+    for fd in received:
+        os.close(fd)
+    for fd, target in zip(moved, targets):
+        os.dup2(fd, target, inheritable=True)
+        os.close(fd)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    os.environ.update(env)
+    random.seed()  # a fresh interpreter's, not the template's (which every child would share)
+    sys.argv = [module, *argv]  # runpy puts the module's path first, as ``python -m`` does
+    code = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as err:
+        code = _exit_code(err.code)
+    except BaseException:  # noqa: BLE001 - reported as the interpreter reports an uncaught error
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()  # what the interpreter does at exit: wait for non-daemon threads,
+    atexit._run_exitfuncs()  # then run the exit handlers
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _exit_code(code: object) -> int:
+    """The exit status of ``sys.exit(code)``, as the interpreter sets it."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1

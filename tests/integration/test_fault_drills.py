@@ -11,9 +11,12 @@ reward timeouts and errors (samples failed, run goes on), and a slow rollout wor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,10 +123,64 @@ def test_nan_reward_faults_and_a_slow_worker_are_handled_in_process(model_dir, t
     assert "crash" not in kinds and "killed" not in kinds
 
 
-def _processes_of(run_dir) -> list[int]:
-    """Pids of the processes whose command line names ``run_dir``."""
-    from pathlib import Path
+@pytest.mark.parametrize("template", [True, False])
+def test_each_trainer_is_forked_from_one_template_that_ends_with_supervision(model_dir, tmp_path, template):
+    """resilience.trainer_template: the first trainer and its restart after a crash are children
+    of one template, itself the supervisor's child, which shows the trainer's command and is gone
+    once the run is; false: each trainer is the supervisor's own child."""
+    run = tmp_path / "run"
+    args = overrides(model_dir, run, 4, "faults=[crash@2]", f"resilience.trainer_template={str(template).lower()}")
+    proc = subprocess.Popen([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    parents: dict[int, int] = {}  # each trainer's parent, read while it runs
+    seen: dict[int, tuple[int, bytes]] = {}  # each parent's own parent and command line
+    deadline = time.monotonic() + 240
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            for pid in _started(run):
+                if pid not in parents and (parent := _parent(pid)) is not None:
+                    parents[pid] = parent
+                    with contextlib.suppress(OSError):
+                        seen[parent] = (_parent(parent), Path(f"/proc/{parent}/cmdline").read_bytes())
+            time.sleep(0.01)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert sorted(parents) == sorted(_started(run)) and len(parents) == 2, (parents, _started(run))
+    if not template:
+        assert set(parents.values()) == {proc.pid}
+        return
+    [template_pid] = set(parents.values())
+    grandparent, cmdline = seen[template_pid]
+    assert template_pid != proc.pid and grandparent == proc.pid
+    assert b"_serve_template" in cmdline and f"run.dir={run}".encode() in cmdline.split(b"\0")
+    with contextlib.suppress(OSError):  # gone with the run (or its pid already reused)
+        assert b"_serve_template" not in Path(f"/proc/{template_pid}/cmdline").read_bytes()
 
+
+def _started(run_dir) -> list[int]:
+    """The pids of the trainers' ``start`` events so far (a line being written is skipped)."""
+    pids = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in (run_dir / "events.jsonl").read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event["kind"] == "start":
+                    pids.append(event["pid"])
+    return pids
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _processes_of(run_dir) -> list[int]:
+    """Pids of the processes whose command line names ``run_dir`` (the trainer template's and
+    its trainers' too)."""
     found = []
     for proc in Path("/proc").iterdir():
         try:

@@ -1,10 +1,12 @@
 """The zygote (reasonrl.runtime.zygote): workers forked from a process that imported torch,
-checked in a script of their own (a pytest process runs threads, where no zygote starts)."""
+checked in a script of their own (a pytest process runs threads, where no zygote starts); and
+the template, a zygote in an interpreter of its own, whose children run a module as ``python -m``."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -143,3 +145,47 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_template_forks_children_that_run_a_module_as_python_m_would_and_ends_with_close(monkeypatch, capfd):
+    from reasonrl.runtime.zygote import Template
+
+    monkeypatch.setenv("TEMPLATE_START_VAR", "at start")  # the template's environment, which its children begin with
+    template, why = Template.start(("torch",), shown=("-m", "tests.template_fixtures", "shown"))
+    assert template is not None, why
+    found, codes, stderr = {}, {}, {}
+    try:
+        with open(f"/proc/{template.pid}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[-4:-1] == [b"-m", b"tests.template_fixtures", b"shown"]
+        for mode in ("ok", "exit3", "message", "raise", "wait"):
+            read, write = os.pipe()
+            child = template.run_module("tests.template_fixtures", [str(write), mode], env={"TEMPLATE_CHILD_VAR": mode},
+                                        pass_fds=(write,))
+            os.close(write)
+            with os.fdopen(read) as f:
+                found[mode] = json.loads(f.readline())
+            if mode == "wait":
+                child.send_signal(signal.SIGTERM)
+            codes[mode] = child.wait(timeout=60)
+            stderr[mode] = child.stderr.read().decode()
+            assert found[mode]["pid"] == child.pid and child.poll() == codes[mode] == child.returncode
+    finally:
+        template.close()
+    assert not template.alive()
+    assert codes == {"ok": 0, "exit3": 3, "message": 1, "raise": 1, "wait": -signal.SIGTERM}
+    for mode, info in found.items():
+        assert info["ppid"] == template.pid and info["session_leader"] and info["argv"][1] == mode, info
+        assert info["env"] == mode and info["inherited_env"] == "at start" and info["torch"], info  # imported once
+        assert info["sigint_default"] and info["stdin"] == "/dev/null" and info["name"] == "__main__", info
+        assert info["argv0"].endswith(os.path.join("tests", "template_fixtures.py")), info
+        assert mode == "wait" or stderr[mode].startswith(f"stderr of {mode}\n"), stderr  # "wait": killed before
+    assert "a message" in stderr["message"] and "ValueError: raised at the top" in stderr["raise"]
+    # as the interpreter ends: non-daemon threads joined first, then the exit handlers (not for the killed one)
+    assert capfd.readouterr().out == "thread done\nexit handler\n" * 4
+
+
+def test_a_template_whose_imports_fail_says_so_and_leaves_nothing_running():
+    from reasonrl.runtime.zygote import Template
+
+    template, why = Template.start(("torch", "no_such_module_for_a_template"))
+    assert template is None and why == "it exited with code 1 while importing torch, no_such_module_for_a_template"

@@ -12,8 +12,9 @@ clean run's bit for bit. Per recovery: ``detect_to_resume_s`` (the failure seen 
 trainer's ``resume`` event: the back-off, the process start or the standby's go, the reload)
 and ``resume_to_step_s`` (to its first new step: the rollout worker's start, the step).
 
-Where a cold restart's time goes (``cold_start``, a fresh process on the clean run's config,
-one step): ``python_s`` (the interpreter up), ``import_s`` (reasonrl's controller and build
+Where a fresh trainer process's start goes (``cold_start``, a fresh process on the clean run's
+config, one step: what a restart costs with ``resilience.trainer_template=false``, and what the
+template spends once): ``python_s`` (the interpreter up), ``import_s`` (reasonrl's controller and build
 modules: torch, transformers; then the workers' zygote forked), ``build_s`` (the Controller: warm start cache, tokenizer, data,
 the model and optimizer), ``resume_s`` (to the ``resume`` event), ``rollout_start_s`` (to
 ``rollout_started``: the rollout worker process) and ``first_step_s`` (its ``timing_s/step``).
@@ -24,6 +25,8 @@ step.
     python bench/soak.py                              # 40 steps, the six faults below
     python bench/soak.py --base /tmp/old              # and first the same soak of an older checkout
     python bench/soak.py resilience.snapshot_every=0  # extra overrides for every run
+    python bench/soak.py resilience.standby=false     # restarts forked from the trainer template
+    python bench/soak.py resilience.standby=false resilience.trainer_template=false  # fresh processes
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def overrides(steps: int) -> list[str]:
     """The demo recipe as shipped, for ``steps`` steps with no validation; restarts enough for
     every fault; a 5 s hang timeout (the recipe's longest stage takes about 1 s on 2 cores), the
     drill's 0.5 s back-off, and the standby trainer on (``resilience.standby=false`` as an
-    extra override measures cold restarts)."""
+    extra override measures restarts without it: the module docstring)."""
     return [
         f"train.total_steps={steps}",
         "eval.every_steps=0",

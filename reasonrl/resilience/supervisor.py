@@ -31,6 +31,11 @@ step, appends a ``recovered`` event. Events it writes (besides ``time``, ``kind`
 
 Each child gets ``REASONRL_ATTEMPT`` (:data:`~reasonrl.resilience.rundir.ATTEMPT_ENV`): 1 for
 the first, which checks the run before it trains, 2 and up for the restarts, which do not.
+With ``preload`` (``resilience.trainer_template``: :data:`TRAINER_PRELOAD`) every child is
+forked from a template process that imported those modules once
+(:class:`~reasonrl.runtime.zygote.Template`), so a restart does not import torch again; the
+template ends with supervision, and one that ended early leaves the next children to fresh
+processes, as does a template that could not start (the supervisor says why on stderr).
 
 A failure counts as recovered only once a restarted child has trained a step past the one it
 resumed from (or has finished the run); ``recovered`` says with ``warm`` whether that child was
@@ -38,10 +43,10 @@ the standby. A failure at a later step than every earlier one is no repeat of th
 back-off starts over.
 
 With ``standby``, once the child has trained a step and recovered from any failure, the supervisor
-starts the same command as a standby: it imports and builds its roles, then waits on a pipe
+starts the same command as a standby: it builds its roles, then waits on a pipe
 (:func:`~reasonrl.resilience.rundir.await_go`). The next restart gives it the go instead of
-starting a cold process, and a new standby is started once that one has recovered. A standby
-that died meanwhile is replaced by a cold start. ``summary.json`` holds the figures of
+starting a trainer that builds its roles then, and a new standby is started once that one has recovered. A standby
+that died meanwhile is replaced by a trainer started then. ``summary.json`` holds the figures of
 :func:`reasonrl.resilience.ettr.effective_time`. An event or the summary that cannot be
 written (a full disk) goes to stderr instead, and supervision goes on and ends as it would.
 
@@ -127,7 +132,8 @@ class SupervisorResult:
     """How supervision ended: the last child's return code (negative: killed by that signal),
     the number of restarts, the failure events (as written), the seconds supervised, and
     whether the child refused the run before the directory was this run's (its checks failed,
-    or its resume check did: nothing was written to the directory then)."""
+    or its resume check did: nothing was written to the directory then), or a stop signal came
+    before the first child started (while the template imported)."""
 
     returncode: int
     restarts: int
@@ -332,8 +338,8 @@ class _Supervisor:
             if self.template is None:
                 print(f"reasonrl supervisor: each trainer starts as a process of its own: no template ({why_not})",
                       file=sys.stderr, flush=True)
-            if self.stop_signal is not None:  # while the template imported
-                self._emit("stopped", self._last_step(), signal=_signal_name(self.stop_signal), returncode=None)
+            if self.stop_signal is not None:  # while the template imported: no child ran, nothing is written
+                self.refused = True
                 return 128 + self.stop_signal
         while True:
             child = self.child = self._next_child()
@@ -402,13 +408,18 @@ class _Supervisor:
         return hang, detected
 
     def _next_child(self) -> _Child:
-        """The standby, told to go, when there is one alive; else a cold start."""
+        """The standby, told to go, when there is one alive; else a new trainer."""
         standby, self.standby = self.standby, None
         if standby is not None and standby.proc.poll() is None:
             standby.go()
             return standby
         if standby is not None:
             standby.reap()
+        if self.template is not None and not self.template.alive():
+            print("reasonrl supervisor: the trainer template ended; each trainer starts as a process of its own",
+                  file=sys.stderr, flush=True)
+            self.template.close()
+            self.template = None
         return _Child(self.command, {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 1)}, self.pass_fds,
                       template=self.template)
 

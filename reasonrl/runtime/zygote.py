@@ -219,7 +219,7 @@ def _zygote_main(sock: socket.socket, keep: set[int]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     gc.freeze()
     _close_inherited(keep | {sock.fileno()})
-    if not _probe():
+    if "torch" in sys.modules and not _probe():  # without torch, none of its threads to inherit
         sock.sendall(b"0")
         return
     sock.sendall(b"1")

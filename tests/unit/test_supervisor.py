@@ -70,7 +70,7 @@ def stop(signum, frame):
 
 
 signal.signal(signal.SIGTERM, stop)
-event("start", None)
+event("start", None, pid=os.getpid(), ppid=os.getppid())
 ckpt, metrics = run_dir / "ckpt", run_dir / "metrics.jsonl"
 resumed = int(ckpt.read_text()) if ckpt.exists() else 0
 if metrics.exists():
@@ -121,6 +121,34 @@ def run_child(tmp_path: Path, mode: str, policy: RestartPolicy = FAST, fail_at: 
     result = supervise([sys.executable, str(script), str(run_dir), mode, str(fail_at), str(steps)], run_dir, policy,
                        standby=standby)
     return result, run_dir, read_jsonl(run_dir / "events.jsonl")
+
+
+def test_children_fork_from_the_template_and_one_that_ends_starts_fresh_processes(tmp_path, monkeypatch, capfd):
+    """With ``preload`` the first child is forked from the template; the template killed while
+    that child runs (which cannot report its exit code then: counted as killed), the restart is
+    a process of the supervisor's own, and the supervisor says why."""
+    (tmp_path / "fake_trainer.py").write_text(CHILD)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    def kill_the_template():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
+            time.sleep(0.005)
+        [start] = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "start"]
+        os.kill(start["ppid"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_template, daemon=True)
+    killer.start()
+    result = supervise([sys.executable, "-m", "fake_trainer", str(run_dir), "crash", "40", "44"], run_dir, FAST,
+                       preload=("json",))
+    killer.join(timeout=60)
+    events = read_jsonl(run_dir / "events.jsonl")
+    first, second = [e for e in events if e["kind"] == "start"]
+    assert result.returncode == 0 and first["ppid"] != os.getpid() and second["ppid"] == os.getpid(), events
+    assert kinds(events)[2] == "killed" and "the trainer template ended; each trainer starts as a process of its own" \
+        in capfd.readouterr().err
 
 
 def kinds(events: list[dict]) -> list[str]:

@@ -151,6 +151,17 @@ def test_children_fork_from_the_template_and_one_that_ends_starts_fresh_processe
         in capfd.readouterr().err
 
 
+def test_with_resilience_trainer_template_false_each_child_is_the_supervisors_own(tmp_path, monkeypatch):
+    (tmp_path / "fake_trainer.py").write_text(CHILD)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    run_dir = tmp_path / "run"
+    cfg = load(None, [f"run.dir={run_dir}", "resilience.max_restarts=3", "resilience.backoff_s=0.01",
+                      "resilience.trainer_template=false"])
+    code = train_supervised(cfg, [sys.executable, "-m", "fake_trainer", str(run_dir), "crash", "3", "4"])
+    starts = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "start"]
+    assert code == 0 and [e["ppid"] for e in starts] == [os.getpid(), os.getpid()], starts
+
+
 def kinds(events: list[dict]) -> list[str]:
     return [e["kind"] for e in events]
 

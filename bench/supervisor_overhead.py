@@ -4,9 +4,12 @@ Two measurements, one JSON line:
 - paired (inside one run, so machine noise cancels): a supervised `reasonrl train` is run
   from this process; the trainer child is wrapped so that it reports its own lifetime;
   overhead = (supervisor wall time - child lifetime) / supervisor wall time, i.e. the time
-  the supervisor adds around the trainer (start-up, polling, restart logic, summary).
-- end to end: the same training as a fresh command, supervised vs `--no-supervisor`,
-  interleaved over seeds (subject to the machine's +-12% run-to-run noise).
+  the supervisor adds around the trainer (start-up, polling, restart logic, summary). The
+  wrapper is no `python -m` command, so this child is a process of its own, not forked from
+  the trainer template.
+- end to end: the same training as a fresh command, supervised (its trainer forked from the
+  template, the default) vs `--no-supervisor`, interleaved over seeds (subject to the
+  machine's +-12% run-to-run noise).
 
 Each run starts once the machine is idle again (what the run before left running has ended):
 a command that starts beside busy cores lets its OpenMP threads sleep instead of spin

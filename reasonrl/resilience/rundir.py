@@ -16,7 +16,6 @@ still alive. The file's text names the holders; it also marks the directory as a
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import json
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 
 from reasonrl.errors import RunDirError
-from reasonrl.pids import pid_alive
+from reasonrl.pids import pid_alive, signal_at_parent_death
 
 LOCK_FILE = "run.lock"
 LOCK_FD_ENV = "REASONRL_RUN_LOCK_FD"
@@ -49,7 +48,6 @@ STANDBY_ENV = "REASONRL_STANDBY_FD"
 ORPHAN_GRACE_S = 10.0
 """After its supervisor died, a trainer gets this long to checkpoint and exit before it ends itself."""
 _POLL_S = 0.2
-_PR_SET_PDEATHSIG = 1
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -202,8 +200,7 @@ def follow_supervisor() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGHUP, on_orphan)
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGHUP, 0, 0, 0)
+        signal_at_parent_death(signal.SIGHUP)
 
     def watch() -> None:
         while not orphaned.is_set():

@@ -59,7 +59,7 @@ from multiprocessing import reduction, resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from reasonrl.pids import pid_alive
+from reasonrl.pids import pid_alive, signal_at_parent_death
 
 PROBE_TIMEOUT_S = 3.0
 """How long the zygote's probe may take to run torch's parallel region (milliseconds where
@@ -537,10 +537,7 @@ def _serve_template() -> None:
     sock = socket.socket(fileno=int(fd))
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    signal_at_parent_death(signal.SIGKILL)
     if os.getppid() != int(caller):
         os._exit(0)  # the caller died before the signal was armed
     for module in filter(None, modules.split(",")):

@@ -221,7 +221,7 @@ class _Child:
 
     @staticmethod
     def _start(command: list[str], env: dict[str, str], pass_fds: tuple[int, ...], template: Template | None):
-        if template is not None and template.alive():
+        if template is not None:
             forked = {**env, SUPERVISOR_ENV: str(template.pid)} if SUPERVISOR_ENV in env else env
             try:
                 return template.run_module(command[2], command[3:], forked, pass_fds)
@@ -415,13 +415,17 @@ class _Supervisor:
             return standby
         if standby is not None:
             standby.reap()
+        return _Child(self.command, {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 1)}, self.pass_fds,
+                      template=self._live_template())
+
+    def _live_template(self) -> Template | None:
+        """The template to fork the next child from: None once it has ended, which is said once."""
         if self.template is not None and not self.template.alive():
             print("reasonrl supervisor: the trainer template ended; each trainer starts as a process of its own",
                   file=sys.stderr, flush=True)
             self.template.close()
             self.template = None
-        return _Child(self.command, {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 1)}, self.pass_fds,
-                      template=self.template)
+        return self.template
 
     def _start_standby(self, child: _Child) -> None:
         """Start a standby once ``child`` has trained a step (a metrics row written after its
@@ -434,7 +438,7 @@ class _Supervisor:
             child.first_beat = beat if beat is not None and beat >= child.started else None
         elif (_mtime(self.metrics) or 0.0) > child.first_beat:
             env = {**(self.env or {}), ATTEMPT_ENV: str(self.restarts + 2)}  # a restart: no checks
-            self.standby = _Child(self.command, env, self.pass_fds, standby=True, template=self.template)
+            self.standby = _Child(self.command, env, self.pass_fds, standby=True, template=self._live_template())
 
     def retire_standby(self) -> None:
         """Kill the standby, if there is one (supervision is ending)."""

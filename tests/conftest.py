@@ -9,11 +9,14 @@ from pathlib import Path
 # barrier, as a run beside other work does (reasonrl.runtime.threads.openmp_waits)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest
-import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from typing import TYPE_CHECKING
 
-from reasonrl.types import RolloutBatch
+import pytest
+
+if TYPE_CHECKING:  # torch and transformers load in the workers, not in pytest-xdist's controller
+    from transformers import Qwen2ForCausalLM
+
+    from reasonrl.types import RolloutBatch
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 """The real public data files beside the checkout (../shared/data)."""
@@ -89,6 +92,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
     config = Qwen2Config(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -107,6 +113,10 @@ def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
 
 def synthetic_rollout(B: int = 8, P: int = 5, T: int = 7, seed: int = 0) -> RolloutBatch:
     """Left-padded prompts and right-padded responses of varied lengths (one empty response)."""
+    import torch
+
+    from reasonrl.types import RolloutBatch
+
     g = torch.Generator().manual_seed(seed)
     prompt_len = torch.randint(2, P + 1, (B,), generator=g)
     resp_len = torch.randint(1, T + 1, (B,), generator=g)

@@ -128,14 +128,16 @@ class RayHead:
                     continue
         return sorted({pid for root in own for pid in process_tree(root)})
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+    def stop(self, grace_s: float = 2.0, timeout_s: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL to what is left after ``grace_s``, as ``ray stop --grace-period``
+        does: the head's raylet and GCS take 15 s and more to end on SIGTERM alone."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, timeout_s)):
             for pid in self.pids():
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + wait_s
             while self.pids() and time.monotonic() < deadline:
                 time.sleep(0.2)
             if not self.pids():

@@ -87,12 +87,12 @@ def test_a_400_term_chain_is_right_in_the_main_thread_too():
 
 def test_a_hostile_answer_is_cut_at_the_time_limit_when_graded_off_the_main_thread():
     """The tower, graded by a pool driven from a thread (as the rollout producer does): its
-    worker is killed at the 5 s limit, the sample is a failure counted as a timeout (twice
+    worker is killed at the 2 s limit, the sample is a failure counted as a timeout (twice
     alike), and the replaced worker grades the next sample."""
     out = {}
 
     def grade() -> None:
-        with RewardPool("math_verify", PoolStart("reward", 1, 5)) as pool:
+        with RewardPool("math_verify", PoolStart("reward", 1, 2)) as pool:
             out["first"] = pool.score([TOWER, "\\boxed{2}"], ["1", "2"])
             out["again"] = pool.score([TOWER], ["1"])
 
@@ -103,7 +103,7 @@ def test_a_hostile_answer_is_cut_at_the_time_limit_when_graded_off_the_main_thre
     first, again = out["first"], out["again"]
     assert first.scores.tolist() == [FAILURE_SCORE, 1.0] and first.acc.tolist() == [False, True]
     assert first.failed.tolist() == [True, False] and first.timed_out.tolist() == [True, False]
-    assert first.errors == ["sample 0: reward[0]: timeout after 5s"]
+    assert first.errors == ["sample 0: reward[0]: timeout after 2s"]
     assert again.scores.tolist() == [FAILURE_SCORE] and again.timed_out.tolist() == [True]
 
 

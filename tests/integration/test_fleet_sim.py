@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def simulate(*options: str) -> dict:
+    # PYTHONFAULTHANDLER: an abort (a thread left in C++ code at exit) prints every thread's stack
     out = subprocess.run([sys.executable, "bench/fleet.py", "--simulate", *options], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     [line] = out.stdout.splitlines()
     return json.loads(line)

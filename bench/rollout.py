@@ -17,11 +17,23 @@ token per step.
 On CUDA, ``fast`` replays a CUDA graph per decode step (the default there) and
 ``fast_eager`` is the same backend without graphs (``static_shapes=False``).
 
+``--gen-bound`` measures something else: how far generation is from the time of its own
+matrix products at this machine's rates. For each precision (fp32, and bf16-mixed: generation
+under ``torch.autocast`` to bf16 from fp32 weights, as ``train.precision=bf16-mixed`` runs it)
+and each ``--lengths`` cap, interleaved over the repeats, the fast backend generates; then every
+matrix product that run needed is timed alone at its own shape (``matrix_seconds``: the prefill's
+linear layers and attention over the distinct prompts, then each decode step's linear layers, LM
+head and attention for the rows still generating, at that step's cache length; each distinct
+shape timed once, the median of 5). ``gen_over_bound`` is the generation's seconds over those
+products' seconds, per precision and cap (medians over the repeats): 1.0 would be a loop that
+costs nothing beyond its arithmetic.
+
 Every tokens/s figure counts the generated tokens (EOS included), so the ratio of two is
 the ratio of their times. ``other_cpu_s`` is the CPU time the rest of the machine used
 while the benchmark ran (Linux only), a measure of the noise.
 
     python bench/rollout.py [--threads 2] [--repeats 5]
+    python bench/rollout.py --gen-bound --size embedded [--lengths 24,48] [--repeats 5]
 
 Prints one JSON line.
 """
@@ -29,6 +41,7 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -50,6 +63,7 @@ EOS_BIAS = 2.2  # about 1 in 12 steps ends a sample: lengths spread over 1..24
 
 SIZES = {  # hidden, layers, heads, kv heads, intermediate
     "tiny": (128, 4, 4, 2, 384),
+    "embedded": (192, 4, 6, 2, 512),  # the embedded model's sizes (reasonrl.config.SFTConfig)
     "0.5b": (896, 24, 14, 2, 4864),  # Qwen2.5-0.5B's shape (vocab kept small)
 }
 
@@ -124,6 +138,129 @@ def timed_hf_forward(model, batch: RolloutBatch) -> float:
     return timed(str(ids.device), forward)[0]
 
 
+PRECISIONS = {"fp32": None, "bf16-mixed": torch.bfloat16}
+"""``--gen-bound``'s precisions: the autocast dtype generation runs under (None: off)."""
+
+
+def precision_context(name: str):
+    dtype = PRECISIONS[name]
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+class ProductTimer:
+    """Seconds of one matrix product at a given shape under a precision, each distinct shape
+    timed once (the median of 5 after a warm-up) on random operands, under the same autocast
+    as the generation and with its operands' dtypes: weights and the key/value cache in the
+    products' dtype (cast once per version by ``LeanDecoder.fuse``), a projection's input in
+    fp32 (the residual stream's; autocast casts it, and that cast is counted)."""
+
+    def __init__(self, precision: str) -> None:
+        self.precision = precision
+        self.dtype = PRECISIONS[precision] or torch.float32
+        self.seconds: dict[tuple, float] = {}
+
+    def _time(self, key: tuple, fn) -> float:
+        if key not in self.seconds:
+            with precision_context(self.precision):
+                fn()
+                runs = []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    fn()
+                    runs.append(time.perf_counter() - start)
+            self.seconds[key] = statistics.median(runs)
+        return self.seconds[key]
+
+    def linear(self, m: int, k: int, n: int) -> float:
+        """``[m, k] x [n, k]^T``, as ``F.linear`` runs a projection."""
+        if m == 0:
+            return 0.0
+        x, w = torch.randn(m, k), torch.randn(n, k, dtype=self.dtype)
+        return self._time(("linear", m, k, n), lambda: torch.nn.functional.linear(x, w))
+
+    def attention(self, rows: int, kv_heads: int, group: int, queries: int, keys: int, head_dim: int) -> float:
+        """Scores ``q k^T`` and their product with the values, for ``rows`` sequences of
+        ``kv_heads`` groups of ``group * queries`` query rows over ``keys`` keys."""
+        if rows == 0:
+            return 0.0
+        q = torch.randn(rows, kv_heads, group * queries, head_dim, dtype=self.dtype)
+        k = torch.randn(rows, kv_heads, head_dim, keys, dtype=self.dtype)
+        v = torch.randn(rows, kv_heads, keys, head_dim, dtype=self.dtype)
+        return self._time(("attention", rows, kv_heads, group, queries, keys, head_dim),
+                          lambda: torch.matmul(torch.matmul(q, k), v))
+
+
+def matrix_seconds(model, batch: RolloutBatch, n: int, timer: ProductTimer) -> float:
+    """Seconds of the matrix products the fast backend's generation of ``batch`` needed, each
+    timed alone (:class:`ProductTimer`): the prefill over the distinct prompts (``[G, P]``, the
+    LM head on their last position), then, for each decode step ``t``, every row with more than
+    ``t + 1`` tokens feeds token ``t`` through every layer and the LM head, its attention over
+    ``P + t + 1`` keys (a row's first token comes from the prefill's logits)."""
+    cfg = model.config
+    hidden, inter, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = hidden // heads
+    group = heads // kv_heads
+    layers = cfg.num_hidden_layers
+
+    def layer_products(m: int) -> float:  # the fused q/k/v and gate/up projections, as LeanDecoder runs them
+        return (timer.linear(m, hidden, (heads + 2 * kv_heads) * head_dim) + timer.linear(m, heads * head_dim, hidden)
+                + timer.linear(m, hidden, 2 * inter) + timer.linear(m, inter, hidden))
+
+    prompts, P = batch.prompt_ids.shape[0] // n, batch.prompt_ids.shape[1]
+    seconds = layers * (layer_products(prompts * P) + timer.attention(prompts, kv_heads, group, P, P, head_dim))
+    seconds += timer.linear(prompts, hidden, vocab)
+    lengths = batch.lengths.tolist()
+    for t in range(max(lengths) - 1):
+        rows = sum(1 for length in lengths if length > t + 1)
+        seconds += layers * (layer_products(rows) + timer.attention(rows, kv_heads, group, 1, P + t + 1, head_dim))
+        seconds += timer.linear(rows, hidden, vocab)
+    return seconds
+
+
+def gen_bound(args) -> dict:
+    """``--gen-bound``: generation against its matrix products' time, per precision and cap."""
+    model = build_model(0, args.size)
+    prompts = build_prompts(args.prompts, 0)
+    caps = [int(c) for c in args.lengths.split(",")]
+    fast = FastGenerator(model, PAD, EOS)
+    timers = {name: ProductTimer(name) for name in PRECISIONS}
+    cells = [(name, cap) for name in PRECISIONS for cap in caps]
+    rows: dict[tuple, dict[str, list[float]]] = {c: {"gen": [], "bound": [], "len": []} for c in cells}
+    for name, cap in cells:  # warm-up: first shapes, oneDNN's kernel cache under bf16
+        with precision_context(name):
+            timed_generate(fast, prompts, args.samples, SamplingParams(temperature=1.0, max_new_tokens=cap), 0)
+    jiffies, own = busy_jiffies(), sum(os.times()[:2])
+    for seed in range(1, args.repeats + 1):
+        for name, cap in cells:
+            with precision_context(name):
+                seconds, batch = timed_generate(fast, prompts, args.samples,
+                                                SamplingParams(temperature=1.0, max_new_tokens=cap), seed)
+            rows[(name, cap)]["gen"].append(seconds)
+            rows[(name, cap)]["bound"].append(matrix_seconds(model, batch, args.samples, timers[name]))
+            rows[(name, cap)]["len"].append(batch.lengths.float().mean().item())
+    other_cpu_s = (busy_jiffies() - jiffies) / os.sysconf("SC_CLK_TCK") - (sum(os.times()[:2]) - own)
+
+    def per_cell(fn) -> dict:
+        return {name: {str(cap): fn(rows[(name, cap)]) for cap in caps} for name in PRECISIONS}
+
+    return {
+        "bench": "rollout",
+        "mode": "gen_bound",
+        "size": args.size,
+        "params": sum(p.numel() for p in model.parameters()),
+        "threads": args.threads,
+        "batch": args.prompts * args.samples,
+        "repeats": args.repeats,
+        "gen_over_bound": per_cell(lambda r: round(statistics.median(g / b for g, b in zip(r["gen"], r["bound"])), 2)),
+        "gen_s": per_cell(lambda r: round(statistics.median(r["gen"]), 4)),
+        "matrix_s": per_cell(lambda r: round(statistics.median(r["bound"]), 4)),
+        "mean_response_len": per_cell(lambda r: round(statistics.median(r["len"]), 2)),
+        "other_cpu_s": round(max(other_cpu_s, 0.0), 2),
+        "torch": torch.__version__,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -134,8 +271,16 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--gen-bound", action="store_true",
+                        help="generation against its matrix products' time, fp32 and bf16-mixed (CPU; module docstring)")
+    parser.add_argument("--lengths", default="24,48", help="--gen-bound: the caps on new tokens")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.gen_bound:
+        if args.device != "cpu" or args.dtype != "float32":
+            parser.error("--gen-bound runs on the CPU from fp32 weights (bf16-mixed is one of its precisions)")
+        print(json.dumps(gen_bound(args)))
+        return
 
     model = build_model(0, args.size, args.device, args.dtype)
     prompts = build_prompts(args.prompts, 0)

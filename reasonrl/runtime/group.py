@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from typing import Any, Protocol
 
@@ -115,28 +116,40 @@ class LocalGroup:
 
 class _Serial:
     """One daemon thread running submitted calls one after another (a thread that never
-    holds up the interpreter's exit, unlike ``ThreadPoolExecutor``'s)."""
+    holds up the interpreter's exit, unlike ``ThreadPoolExecutor``'s).
+
+    It keeps no reference to a call once it has run, and :meth:`stop` can wait for it to end:
+    a daemon thread still running when the interpreter finalizes is ended by Python in
+    whatever C++ code it is in, and freeing a tensor is such code, which aborts the process
+    (``terminate called without an active exception``)."""
 
     def __init__(self, name: str) -> None:
         self._calls: queue.Queue = queue.Queue()
-        threading.Thread(target=self._serve, name=name, daemon=True).start()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
 
     def _serve(self) -> None:
         while (call := self._calls.get()) is not None:
             future, fn, args, kwargs = call
+            del call
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args, **kwargs))
                 except BaseException as err:  # noqa: BLE001 - delivered through the future
                     future.set_exception(err)
+            del future, fn, args, kwargs  # the worker's objects are freed by their owner, not at this thread's end
 
     def submit(self, fn, *args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
         self._calls.put((future, fn, args, kwargs))
         return future
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Take no more calls: the thread ends after those queued; with ``timeout_s``, wait that
+        long at most for it to end."""
         self._calls.put(None)
+        if timeout_s is not None:
+            self._thread.join(max(0.0, timeout_s))
 
 
 class ThreadGroup:
@@ -201,22 +214,26 @@ class ThreadGroup:
             raise ValueError(f"ThreadGroup {self.name}: cannot shrink below one worker")
         thread, worker = self._threads.pop(), self.workers.pop()
         self.size -= 1
+        deadline = time.monotonic() + timeout_s
         try:
             thread.submit(getattr(worker, "close", lambda: None)).result(timeout=timeout_s)
         except FutureTimeout:
             pass
-        thread.stop()
+        del worker
+        thread.stop(deadline - time.monotonic())
 
     def kill(self) -> None:
         raise WorkerDied(f"{self.name}: worker threads in this process cannot be killed")
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Close each worker on its own thread after its running calls, waiting at most ``timeout_s``."""
+        """Close each worker on its own thread after its running calls, then end the threads,
+        waiting at most ``timeout_s`` in all."""
+        deadline = time.monotonic() + timeout_s
         closing = [t.submit(getattr(w, "close", lambda: None)) for t, w in zip(self._threads, self.workers)]
         for future in closing:
             try:
-                future.result(timeout=timeout_s)
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
                 pass
         for t in self._threads:
-            t.stop()
+            t.stop(deadline - time.monotonic())

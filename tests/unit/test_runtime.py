@@ -206,6 +206,35 @@ def test_a_thread_group_serves_each_worker_on_its_own_thread_and_concurrent_meth
         group.close()
 
 
+class _Seconds(float):
+    """A float a weak reference can follow."""
+
+
+def test_a_thread_group_keeps_nothing_of_a_finished_call_and_has_ended_its_threads_once_closed():
+    # A daemon thread still alive when the interpreter finalizes is ended inside whatever C++
+    # code it runs, freeing a tensor included, which aborts the process: a closed group's
+    # threads have ended, and none holds a call's objects for its owner to outlive.
+    import gc
+    import threading
+    import weakref
+
+    from reasonrl.runtime.group import ThreadGroup
+
+    group = ThreadGroup(Counter, [(0,), (10,)], name="ending", timeout_s=30)
+    try:
+        seconds = _Seconds(0.0)
+        held = weakref.ref(seconds)
+        answer = group.submit_to(0, "sleep", seconds)
+        assert answer.result(timeout=10) == 0.0
+        del seconds, answer
+        time.sleep(0.1)
+        gc.collect()
+        assert held() is None, "the worker's thread still holds the arguments of a call it finished"
+    finally:
+        group.close()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("reasonrl-ending")] == []
+
+
 def test_a_cgroup_quota_reads_in_cores():
     assert parse_cpu_max("150000 100000\n") == 1.5
     assert parse_cpu_max("200000 100000") == 2.0

@@ -415,9 +415,9 @@ class RolloutFleet:
     def _replace(self, worker: int, old_pid: int) -> None:
         thread = threading.Thread(target=self._rejoin, args=(worker, old_pid), name=f"reasonrl-rollout{worker}-replace",
                                   daemon=True)
-        with self._cond:
+        with self._cond:  # started under the lock: close() never meets it unstarted
             self._replacing = [t for t in self._replacing if t.is_alive()] + [thread]
-        thread.start()
+            thread.start()
 
     def _rejoin(self, worker: int, old_pid: int) -> None:
         """A replacement's thread: restart worker ``worker`` under the restart policy, load the
@@ -559,7 +559,10 @@ class RolloutFleet:
                     revived.append(i)
             self._cond.notify_all()
         for i in revived:
-            threading.Thread(target=self._rejoin_kept, args=(i,), name=f"reasonrl-rollout{i}-rejoin", daemon=True).start()
+            thread = threading.Thread(target=self._rejoin_kept, args=(i,), name=f"reasonrl-rollout{i}-rejoin", daemon=True)
+            with self._cond:  # close() waits for it as for a replacement
+                self._replacing = [t for t in self._replacing if t.is_alive()] + [thread]
+                thread.start()
         with self._cond:
             if self._scaler is None:
                 self._scaler = threading.Thread(target=self._scale, name="reasonrl-rollout-scaler", daemon=True)

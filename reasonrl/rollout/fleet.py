@@ -413,9 +413,13 @@ class RolloutFleet:
         self._replace(worker, pid)
 
     def _replace(self, worker: int, old_pid: int) -> None:
-        thread = threading.Thread(target=self._rejoin, args=(worker, old_pid), name=f"reasonrl-rollout{worker}-replace",
-                                  daemon=True)
-        with self._cond:  # started under the lock: close() never meets it unstarted
+        self._start_tracked(threading.Thread(target=self._rejoin, args=(worker, old_pid),
+                                             name=f"reasonrl-rollout{worker}-replace", daemon=True))
+
+    def _start_tracked(self, thread: threading.Thread) -> None:
+        """Start ``thread`` (a worker's replacement or return) as one that close() waits for;
+        it starts under the lock, so close() never meets it unstarted."""
+        with self._cond:
             self._replacing = [t for t in self._replacing if t.is_alive()] + [thread]
             thread.start()
 
@@ -559,10 +563,8 @@ class RolloutFleet:
                     revived.append(i)
             self._cond.notify_all()
         for i in revived:
-            thread = threading.Thread(target=self._rejoin_kept, args=(i,), name=f"reasonrl-rollout{i}-rejoin", daemon=True)
-            with self._cond:  # close() waits for it as for a replacement
-                self._replacing = [t for t in self._replacing if t.is_alive()] + [thread]
-                thread.start()
+            self._start_tracked(threading.Thread(target=self._rejoin_kept, args=(i,), name=f"reasonrl-rollout{i}-rejoin",
+                                                 daemon=True))
         with self._cond:
             if self._scaler is None:
                 self._scaler = threading.Thread(target=self._scale, name="reasonrl-rollout-scaler", daemon=True)

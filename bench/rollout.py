@@ -218,11 +218,22 @@ def matrix_seconds(model, batch: RolloutBatch, n: int, timer: ProductTimer) -> f
     return seconds
 
 
+def caps_list(text: str) -> list[int]:
+    """``--lengths``: comma-separated caps on new tokens, each at least 1."""
+    try:
+        caps = [int(c) for c in text.split(",")]
+    except ValueError:
+        caps = []
+    if not caps or min(caps) < 1:
+        raise argparse.ArgumentTypeError(f"expected caps on new tokens like 24,48 (integers >= 1), got {text!r}")
+    return caps
+
+
 def gen_bound(args) -> dict:
     """``--gen-bound``: generation against its matrix products' time, per precision and cap."""
     model = build_model(0, args.size)
     prompts = build_prompts(args.prompts, 0)
-    caps = [int(c) for c in args.lengths.split(",")]
+    caps = args.lengths
     fast = FastGenerator(model, PAD, EOS)
     timers = {name: ProductTimer(name) for name in PRECISIONS}
     cells = [(name, cap) for name in PRECISIONS for cap in caps]
@@ -273,7 +284,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--gen-bound", action="store_true",
                         help="generation against its matrix products' time, fp32 and bf16-mixed (CPU; module docstring)")
-    parser.add_argument("--lengths", default="24,48", help="--gen-bound: the caps on new tokens")
+    parser.add_argument("--lengths", default="24,48", type=caps_list, help="--gen-bound: the caps on new tokens")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.gen_bound:

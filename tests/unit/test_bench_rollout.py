@@ -44,3 +44,13 @@ def test_a_generation_is_charged_its_prefill_and_each_decode_step_for_the_rows_s
     decode = layer(1, keys=4, queries=1) + 4 * 5 + layer(1, keys=5, queries=1) + 4 * 5
     assert prefill == 452 and decode == 352
     assert matrix_seconds(model, batch, 2, Work()) == prefill + decode
+
+
+def test_the_gen_bound_mode_names_what_it_cannot_run():
+    import subprocess
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "rollout.py"
+    for args, said in ((["--lengths", "24,x"], "--lengths: expected caps on new tokens like 24,48 (integers >= 1), got '24,x'"),
+                       (["--device", "cuda"], "--gen-bound runs on the CPU from fp32 weights")):
+        done = subprocess.run([sys.executable, str(bench), "--gen-bound", *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and said in done.stderr, done.stderr

@@ -15,7 +15,7 @@ from reasonrl.config import load
 from reasonrl.controller import Controller
 from reasonrl.metrics import read_jsonl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 STEPS = {"grpo_grid": 20, "grpo_tool_arith": 20}
 

@@ -30,7 +30,7 @@ from reasonrl.config import load
 from reasonrl.controller import Controller
 from reasonrl.metrics import read_jsonl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 STEPS = {"dapo": 20, "grpo": 20, "dr_grpo": 20, "lite_ppo": 20, "ppo": 12}
 """PPO's steps are about twice as long (32 prompts, a critic, two epochs) and it learns faster per step."""

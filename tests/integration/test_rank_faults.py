@@ -13,7 +13,7 @@ import pytest
 
 from reasonrl.metrics import read_jsonl
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.serial]  # a slow and a stuck rank are found by wall time
+pytestmark = [pytest.mark.timeout(600), pytest.mark.serial, pytest.mark.long]  # a slow and a stuck rank are found by wall time
 
 
 def _train(run_dir, steps: int, *extra: str) -> subprocess.CompletedProcess:

@@ -66,6 +66,7 @@ def test_a_seeded_synchronous_ray_run_ends_with_the_local_runs_weights(model_dir
     assert all(r["rollout/worker1/groups"] > 0 for r in rows["ray"])  # both actors served every step
 
 
+@pytest.mark.long
 def test_environment_workers_on_ray_are_actors_of_their_own_placed_by_runtime_roles_env(model_dir, tmp_path):
     log = tmp_path / "envs.log"  # each environment built appends its process and that one's parent
     proc = _train("grpo", [f"model.path={model_dir}", f"run.dir={tmp_path / 'run'}", "run.progress=false",
@@ -94,6 +95,7 @@ def test_environment_workers_on_ray_are_actors_of_their_own_placed_by_runtime_ro
 
 
 @pytest.mark.serial  # the slowed actor is found by wall time
+@pytest.mark.long
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
 def test_while_a_ray_run_trains_it_listens_on_loopback_only_and_a_killed_rollout_actor_loses_no_prompt(model_dir, tmp_path):
     # the slow fault starts once the reward actor's restart (reward_error@2) is out of the slowdown

@@ -262,4 +262,4 @@ def test_an_honest_program_scores_full_marks_with_every_assert_form(level):
     out = fn(program, tests)
     assert out == {"score": 1.0, "acc": True, "pred": "10/10 tests", "tests_passed": 10, "tests_total": 10}, out
     half = fn("```python\ndef f(x):\n    return 2 if x == 0 else 0\n```", TESTS)
-    assert half["tests_passed"] == 1 and half["score"] == pytest.approx(-1 / 3)
+    assert half["tests_passed"] == 1 and half["score"] == pytest.approx(-1 / 3), half

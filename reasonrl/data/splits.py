@@ -275,7 +275,8 @@ def encode_prompts(prompts: list[Prompt], tokenizer) -> list[list[int]]:
     for special in (False, True):
         rows = [i for i, t in enumerate(templated) if t != special]
         if rows:
-            encoded = tokenizer([texts[i] for i in rows], add_special_tokens=special)["input_ids"]
+            encoded = tokenizer([texts[i] for i in rows], add_special_tokens=special, return_attention_mask=False,
+                                return_token_type_ids=False)["input_ids"]  # ids only: a quarter less time
             for i, row in zip(rows, encoded):
                 ids[i] = list(row)
     return ids

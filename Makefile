@@ -22,7 +22,7 @@ $(BIN)/python:
 # --compile-bytecode: 17,000 files, 12 s of both cores) costs more than the suite saves; instead
 # the modules every run imports are compiled once here, by importing them, and any other module
 # as a process first imports it (where PYTHONDONTWRITEBYTECODE is unset, as make test has it).
-WARM_IMPORTS := import reasonrl.cli, reasonrl.controller, reasonrl.workers.rollout, transformers.models.llama.modeling_llama, transformers.models.qwen2.modeling_qwen2
+WARM_IMPORTS := import reasonrl.cli, reasonrl.controller, transformers.models.llama.modeling_llama, transformers.models.qwen2.modeling_qwen2
 EXTRAS := test,wandb,math,sandbox,ray,lora,docs
 UV := uv==0.13.8
 UV_INSTALL = $(BIN)/uv pip install --quiet --python $(BIN)/python

@@ -163,11 +163,7 @@ class ProductTimer:
         if key not in self.seconds:
             with precision_context(self.precision):
                 fn()
-                runs = []
-                for _ in range(5):
-                    start = time.perf_counter()
-                    fn()
-                    runs.append(time.perf_counter() - start)
+                runs = [timed("cpu", fn)[0] for _ in range(5)]
             self.seconds[key] = statistics.median(runs)
         return self.seconds[key]
 
